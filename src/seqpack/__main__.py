@@ -1,0 +1,3 @@
+from seqpack.cli import main
+
+main()
