@@ -1,0 +1,44 @@
+"""Offline packed datasets: atomic Parquet writer, memory-mapped reader, metadata and fingerprints.
+
+Public API:
+    write_packed, PackedWriter   -- write packs atomically (temp dir, fsync, rename; metadata last)
+    load_packed, PackedDataset   -- map-style dataset of PackedSequence, with ``expect=`` staleness check
+    PackedMetadata, ShardInfo    -- ``metadata.json`` contents
+    compute_fingerprint, describe_input, hash_tokenizer -- content hashes
+    PackedDatasetError, StalePackedDatasetError         -- errors
+"""
+
+from seqpack.io.fingerprint import compute_fingerprint, describe_input, hash_tokenizer, sha256_file
+from seqpack.io.metadata import (
+    FORMAT_VERSION,
+    METADATA_FILE,
+    REPORT_FILE,
+    PackedDatasetError,
+    PackedMetadata,
+    ShardInfo,
+    StalePackedDatasetError,
+)
+from seqpack.io.reader import EXPECT_KEYS, PackedDataset, load_packed
+from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, check_output_dir, write_packed
+
+__all__ = [
+    "COLUMNS",
+    "EXPECT_KEYS",
+    "FORMAT_VERSION",
+    "METADATA_FILE",
+    "REPORT_FILE",
+    "SCHEMA",
+    "PackedDataset",
+    "PackedDatasetError",
+    "PackedMetadata",
+    "PackedWriter",
+    "ShardInfo",
+    "StalePackedDatasetError",
+    "check_output_dir",
+    "compute_fingerprint",
+    "describe_input",
+    "hash_tokenizer",
+    "load_packed",
+    "sha256_file",
+    "write_packed",
+]

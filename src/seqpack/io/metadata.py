@@ -1,0 +1,193 @@
+"""``metadata.json`` of an offline packed dataset: what was packed, how, and from what.
+
+The file is the last thing written (see :mod:`seqpack.io.writer`), so its presence marks a complete
+dataset. Keys follow the field's names (Megatron-Bridge's packed metadata uses ``max_samples_per_bin``,
+``dataset_max_seqlen`` and ``min_packed_seqlen``; we keep those names).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METADATA_FILE",
+    "REPORT_FILE",
+    "PackedMetadata",
+    "ShardInfo",
+    "PackedDatasetError",
+    "StalePackedDatasetError",
+]
+
+#: Version of the on-disk layout. Bump on any incompatible change of columns or metadata keys.
+FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+REPORT_FILE = "report.jsonl"
+DATA_DIR = "data"
+
+
+class PackedDatasetError(ValueError):
+    """A packed-dataset directory is missing, incomplete, corrupt or of an unknown format."""
+
+
+class StalePackedDatasetError(PackedDatasetError):
+    """A packed dataset was built with settings that differ from what the caller expects (case B23)."""
+
+    def __init__(self, path: str, diffs: dict[str, tuple[Any, Any]]):
+        self.path = str(path)
+        self.diffs = dict(diffs)
+        lines = [f"  {k}: stored {stored!r}, expected {want!r}" for k, (stored, want) in diffs.items()]
+        super().__init__(
+            f"packed dataset {path} was built with different settings ({len(diffs)} key(s) differ):\n"
+            + "\n".join(lines)
+            + "\nFix: re-pack with the expected settings (seqpack pack ... --overwrite), or point to a "
+            "dataset packed for this configuration."
+        )
+
+
+@dataclass
+class ShardInfo:
+    """One Parquet shard: file name relative to the dataset root, number of rows (packs)."""
+
+    file: str
+    num_rows: int
+    num_bytes: int = 0
+    sha256: str | None = None
+
+
+@dataclass
+class PackedMetadata:
+    """Everything ``metadata.json`` records.
+
+    Units: all lengths and counts of tokens are in tokens; ``packing_efficiency`` is real tokens /
+    (``num_packs`` * ``seq_length``) in [0, 1]; ``packing_factor`` is samples per pack.
+
+    Attributes:
+        format_version: on-disk layout version (:data:`FORMAT_VERSION`).
+        seqpack_version: version of seqpack that wrote the dataset.
+        seq_length: capacity of every pack in tokens (``capacity``).
+        pad_to_multiple_of: the user's multiple (Megatron-Bridge ``pad_seq_to_mult``).
+        context_parallel_size: CP size the data was padded for.
+        effective_pad_multiple: ``compute_pad_multiple(pad_to_multiple_of, context_parallel_size)``;
+            every padded segment length is divisible by it.
+        algorithm, seed: the packing algorithm (a ``PackingAlgorithm`` value) and its seed.
+        overlength, train_on, on_error, format: the data-preparation policies used.
+        tokenizer, tokenizer_hash, chat_template_hash: tokenizer name/path, sha256 of its files, sha256
+            of its chat template.
+        pad_token_id: id stored in alignment/tail padding slots.
+        counts: ``records_read``, ``samples_packed``, ``tokens``, ``trainable_tokens``,
+            ``padding_tokens`` and ``dropped``/``skipped``/``truncated``/``split``: ``{reason: n}``.
+        num_packs, lower_bound: packs produced and the lower bound on the number of packs.
+        packing_efficiency, packing_factor, max_samples_per_bin, dataset_max_seqlen,
+        min_packed_seqlen: packing statistics (``min_packed_seqlen`` = fewest real tokens in a pack).
+        fingerprint: sha256 of the inputs' contents + every setting above that changes the output.
+        inputs: ``[{path, bytes, sha256}]`` for every input.
+        shards: the Parquet shards, in row order.
+        columns: the column names stored per row.
+        created_at: ISO-8601 UTC time of writing.
+    """
+
+    seq_length: int
+    pad_to_multiple_of: int = 1
+    context_parallel_size: int = 1
+    effective_pad_multiple: int = 1
+    algorithm: str = ""
+    seed: int = 0
+    overlength: str = "truncate"
+    train_on: str = "assistant"
+    on_error: str = "raise"
+    format: str | None = None
+    tokenizer: str | None = None
+    tokenizer_hash: str | None = None
+    chat_template_hash: str | None = None
+    pad_token_id: int | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+    num_packs: int = 0
+    lower_bound: int = 0
+    packing_efficiency: float = 0.0
+    packing_factor: float = 0.0
+    max_samples_per_bin: int = 0
+    dataset_max_seqlen: int = 0
+    min_packed_seqlen: int = 0
+    fingerprint: str | None = None
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    shards: list[ShardInfo] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+    seqpack_version: str = ""
+    created_at: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def capacity(self) -> int:
+        """Alias of :attr:`seq_length` (the bin capacity in tokens)."""
+        return self.seq_length
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["capacity"] = self.seq_length
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, path: str | Path = "<dict>") -> "PackedMetadata":
+        """Build from a parsed ``metadata.json``; unknown keys go to ``extra``.
+
+        Raises:
+            PackedDatasetError: ``format_version`` missing or newer than this seqpack understands,
+                or a required key (``seq_length``) is missing.
+        """
+        if not isinstance(d, dict):
+            raise PackedDatasetError(f"{path}: metadata must be a JSON object, got {type(d).__name__}")
+        version = d.get("format_version")
+        if version is None:
+            raise PackedDatasetError(f"{path}: no 'format_version'; this is not a seqpack packed dataset")
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise PackedDatasetError(
+                f"{path}: format_version {version!r} is not supported by this seqpack "
+                f"(supports 1..{FORMAT_VERSION}); upgrade seqpack or re-pack the data"
+            )
+        if "seq_length" not in d:
+            raise PackedDatasetError(f"{path}: metadata has no 'seq_length'")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        extra = dict(kwargs.pop("extra", {}) or {})
+        extra.update({k: v for k, v in d.items() if k not in known and k != "capacity"})
+        kwargs["shards"] = [ShardInfo(**s) for s in kwargs.get("shards", [])]
+        return cls(**kwargs, extra=extra)
+
+    @classmethod
+    def read(cls, directory: str | Path) -> "PackedMetadata":
+        """Read ``DIR/metadata.json``.
+
+        Raises:
+            PackedDatasetError: the file is missing (incomplete or interrupted write) or not valid JSON.
+        """
+        p = Path(directory) / METADATA_FILE
+        if not p.is_file():
+            raise PackedDatasetError(
+                f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} is missing "
+                "(an interrupted write never produces it). Re-run `seqpack pack --output "
+                f"{directory} --overwrite`."
+            )
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise PackedDatasetError(f"{p}: invalid JSON ({e})") from e
+        return cls.from_dict(d, path=p)
+
+
+def _json_default(o: Any) -> Any:
+    # numpy scalars / arrays, Paths
+    if hasattr(o, "item") and callable(o.item) and getattr(o, "shape", None) == ():
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,287 @@
+"""Read an offline packed dataset back as a map-style dataset of :class:`~seqpack.packed.PackedSequence`.
+
+Parquet is the stored (portable) format. For O(1) random access without holding the data in RAM,
+each shard is converted once into an Arrow IPC file (the same idea as HF ``datasets``' Arrow cache)
+and opened with ``pyarrow.memory_map``; rows are zero-copy numpy views into the mapped file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from seqpack.io.metadata import (
+    REPORT_FILE,
+    PackedDatasetError,
+    PackedMetadata,
+    StalePackedDatasetError,
+)
+
+__all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS"]
+
+#: Keys accepted by ``load_packed(expect=...)`` (aliases: ``capacity`` -> ``seq_length``).
+EXPECT_KEYS = (
+    "seq_length",
+    "capacity",
+    "pad_to_multiple_of",
+    "context_parallel_size",
+    "effective_pad_multiple",
+    "algorithm",
+    "seed",
+    "overlength",
+    "train_on",
+    "tokenizer",
+    "tokenizer_hash",
+    "chat_template_hash",
+    "pad_token_id",
+    "fingerprint",
+    "format_version",
+)
+
+
+def _check_expect(path: Path, meta: PackedMetadata, expect: Mapping[str, Any]) -> None:
+    unknown = [k for k in expect if k not in EXPECT_KEYS]
+    if unknown:
+        raise ValueError(f"load_packed(expect=...): unknown key(s) {unknown}; known keys: {list(EXPECT_KEYS)}")
+    diffs: dict[str, tuple[Any, Any]] = {}
+    for k, want in expect.items():
+        stored = meta.seq_length if k == "capacity" else getattr(meta, k)
+        if hasattr(want, "value"):  # enums (e.g. PackingAlgorithm)
+            want = want.value
+        if stored != want:
+            diffs[k] = (stored, want)
+    if diffs:
+        raise StalePackedDatasetError(str(path), diffs)
+
+
+class _Shard:
+    """Zero-copy views of one shard's columns (one Arrow chunk per column)."""
+
+    def __init__(self, table: pa.Table):
+        table = table.combine_chunks()
+        self.table = table
+        self.num_rows = table.num_rows
+        self.cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded"):
+            col = table.column(name)
+            arr = col.chunk(0) if col.num_chunks else pa.array([], col.type)
+            offsets = arr.offsets.to_numpy()
+            values = arr.values.to_numpy(zero_copy_only=False)
+            # .values ignores a slice offset of arr; offsets are absolute into .values
+            self.cols[name] = (offsets, values)
+        self.sample_ids = table.column("sample_ids")
+
+    def get(self, name: str, i: int) -> np.ndarray:
+        offsets, values = self.cols[name]
+        return values[offsets[i] : offsets[i + 1]]
+
+
+class PackedDataset:
+    """Map-style dataset over a packed directory: ``ds[i]`` is a :class:`~seqpack.packed.PackedSequence`.
+
+    Works directly as a ``torch.utils.data.Dataset`` (``__getitem__`` + ``__len__``; picklable for
+    DataLoader workers: the memory maps are reopened in each worker).
+
+    Attributes:
+        path: dataset directory.
+        metadata: the :class:`PackedMetadata` read from ``metadata.json``.
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: PackedMetadata, *, memory_map: bool = True,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        self.metadata = metadata
+        self.memory_map = memory_map
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        counts = [s.num_rows for s in metadata.shards]
+        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._shards: list[_Shard | None] = [None] * len(metadata.shards)
+
+    # -- sizes / metadata --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def capacity(self) -> int:
+        return self.metadata.seq_length
+
+    def report(self) -> list[dict[str, Any]]:
+        """The per-record report (``report.jsonl``): one dict per dropped/skipped/truncated/split record."""
+        p = self.path / REPORT_FILE
+        if not p.is_file():
+            return []
+        with open(p, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    # -- access ------------------------------------------------------------------------------
+    def _shard(self, k: int) -> _Shard:
+        s = self._shards[k]
+        if s is None:
+            s = _Shard(self._open_table(k))
+            self._shards[k] = s
+        return s
+
+    def _cache_path(self, k: int) -> Path:
+        info = self.metadata.shards[k]
+        key = (info.sha256 or f"{info.num_bytes}")[:16]
+        stem = Path(info.file).stem
+        base = self.cache_dir if self.cache_dir is not None else self.path / ".cache"
+        return base / f"{stem}-{key}.arrow"
+
+    def _open_table(self, k: int) -> pa.Table:
+        parquet = self.path / self.metadata.shards[k].file
+        if not self.memory_map:
+            return pq.read_table(parquet)
+        cache = self._cache_path(k)
+        if not cache.is_file():
+            try:
+                self._convert(parquet, cache)
+            except OSError:
+                # read-only dataset directory: fall back to a per-dataset cache under the temp dir
+                fp = (self.metadata.fingerprint or "nofp")[:16]
+                self.cache_dir = Path(tempfile.gettempdir()) / "seqpack-arrow-cache" / fp
+                cache = self._cache_path(k)
+                if not cache.is_file():
+                    self._convert(parquet, cache)
+        source = pa.memory_map(str(cache), "r")
+        return pa.ipc.open_file(source).read_all()
+
+    @staticmethod
+    def _convert(parquet: Path, cache: Path) -> None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        table = pq.read_table(parquet).combine_chunks()
+        tmp = cache.with_name(cache.name + f".tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink:
+                with pa.ipc.new_file(sink, table.schema) as writer:
+                    writer.write_table(table)
+            os.replace(tmp, cache)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        n = len(self)
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"PackedDataset indices must be integers, got {type(i).__name__}")
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for packed dataset of {n} packs")
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return k, i - int(self._starts[k])
+
+    def columns(self, i: int) -> dict[str, Any]:
+        """The stored columns of pack ``i`` as numpy int32 views (+ ``sample_ids`` list)."""
+        k, j = self._locate(i)
+        s = self._shard(k)
+        out: dict[str, Any] = {name: s.get(name, j) for name in s.cols}
+        out["sample_ids"] = s.sample_ids[j].as_py()
+        return out
+
+    def __getitem__(self, i: int):
+        """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
+        from the stored boundaries via ``PackedSequence.from_boundaries``)."""
+        from seqpack.packed import PackedSequence
+
+        c = self.columns(i)
+        return PackedSequence.from_boundaries(
+            c["input_ids"], c["labels"], c["cu_seqlens"], c["cu_seqlens_padded"], sample_ids=c["sample_ids"]
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def column(self, name: str) -> np.ndarray:
+        """A scalar column (``num_tokens`` or ``num_trainable``) over all packs, int64 ``[num_packs]``."""
+        parts = []
+        for k in range(len(self.metadata.shards)):
+            parts.append(self._shard(k).table.column(name).to_numpy())
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    def segment_lengths(self) -> np.ndarray:
+        """Real length of every packed segment (all packs, pack order), int64."""
+        parts = []
+        for k in range(len(self.metadata.shards)):
+            offsets, values = self._shard(k).cols["cu_seqlens"]
+            for j in range(len(offsets) - 1):
+                parts.append(np.diff(values[offsets[j] : offsets[j + 1]]))
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    # -- pickling (DataLoader workers) -------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_shards"] = [None] * len(self._shards)
+        return d
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (f"PackedDataset(path={str(self.path)!r}, num_packs={len(self)}, seq_length={m.seq_length}, "
+                f"context_parallel_size={m.context_parallel_size}, pad_multiple={m.effective_pad_multiple})")
+
+
+def load_packed(
+    path: str | os.PathLike,
+    expect: Mapping[str, Any] | None = None,
+    *,
+    memory_map: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+) -> PackedDataset:
+    """Open a packed dataset written by :func:`seqpack.io.write_packed` / ``seqpack pack``.
+
+    Checks: ``metadata.json`` present and of a supported ``format_version``; every shard listed in it
+    present, of the recorded size, with the recorded row count; the row counts add up to
+    ``num_packs``; then every ``expect`` key equals the stored value.
+
+    Args:
+        path: dataset directory.
+        expect: settings the caller trains with, e.g. ``{"capacity": 4096, "context_parallel_size": 2,
+            "pad_to_multiple_of": 8, "tokenizer_hash": ...}`` (keys: :data:`EXPECT_KEYS`).
+        memory_map: access rows through a memory-mapped Arrow IPC cache (default) instead of loading
+            the Parquet shards into RAM.
+        cache_dir: where the Arrow cache goes (default ``path/.cache``, or the temp dir if ``path`` is
+            read-only).
+
+    Returns:
+        :class:`PackedDataset`; ``ds[i]`` is a ``PackedSequence`` whose ``input_ids``/``labels`` have
+        length T = ``cu_seqlens_padded[-1]`` <= ``metadata.seq_length``.
+
+    Raises:
+        PackedDatasetError: missing/incomplete directory, unknown format, missing or altered shard.
+        StalePackedDatasetError: some ``expect`` key differs; the message names every differing key
+            with the stored and expected value (case B23: data packed for CP=1 reused with CP=2).
+        ValueError: an unknown ``expect`` key.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise PackedDatasetError(f"packed dataset {p} does not exist (or is not a directory)")
+    meta = PackedMetadata.read(p)
+    total = 0
+    for s in meta.shards:
+        f = p / s.file
+        if not f.is_file():
+            raise PackedDatasetError(f"{p}: shard {s.file} listed in metadata.json is missing; re-pack the data")
+        if s.num_bytes and f.stat().st_size != s.num_bytes:
+            raise PackedDatasetError(
+                f"{p}: shard {s.file} has {f.stat().st_size} bytes, metadata.json says {s.num_bytes}; "
+                "the file was modified or truncated, re-pack the data"
+            )
+        rows = pq.ParquetFile(f).metadata.num_rows
+        if rows != s.num_rows:
+            raise PackedDatasetError(f"{p}: shard {s.file} has {rows} rows, metadata.json says {s.num_rows}")
+        total += rows
+    if total != meta.num_packs:
+        raise PackedDatasetError(f"{p}: shards hold {total} packs, metadata.json says num_packs={meta.num_packs}")
+    if expect:
+        _check_expect(p, meta, expect)
+    return PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir)

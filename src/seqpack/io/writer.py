@@ -1,0 +1,345 @@
+"""Atomic writer of an offline packed dataset (a directory of Parquet shards + ``metadata.json``).
+
+Layout of ``DIR``::
+
+    DIR/metadata.json            written last; its presence marks a complete dataset
+    DIR/report.jsonl             one line per input record that was dropped/skipped/truncated/split
+    DIR/data/shard-00000.parquet one row per pack (columns: :data:`COLUMNS`)
+
+Atomicity: everything is written into a temporary sibling directory ``.DIR.tmp-<id>``, every file is
+fsync'ed, ``metadata.json`` is written last, and the temporary directory is renamed onto ``DIR`` (an
+``os.rename`` within one directory is atomic on POSIX). An interrupted run leaves only the hidden temp
+directory, never a ``DIR`` that looks complete. An existing dataset is replaced only with
+``overwrite=True``; a non-empty directory that is not a seqpack dataset is never deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from seqpack.io.fingerprint import sha256_file
+from seqpack.io.metadata import (
+    DATA_DIR,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    REPORT_FILE,
+    PackedDatasetError,
+    PackedMetadata,
+    ShardInfo,
+)
+
+__all__ = ["COLUMNS", "SCHEMA", "PackedWriter", "write_packed", "check_output_dir"]
+
+#: Arrow schema of one row (one pack). ``labels`` are shifted per segment (packed-batch-spec.md);
+#: ``cu_seqlens`` are logical (real-token) boundaries, ``cu_seqlens_padded`` physical ones (last == T);
+#: ``num_tokens`` = real tokens in the pack, ``num_trainable`` = labels != -100.
+SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("labels", pa.list_(pa.int32())),
+        pa.field("cu_seqlens", pa.list_(pa.int32())),
+        pa.field("cu_seqlens_padded", pa.list_(pa.int32())),
+        pa.field("sample_ids", pa.list_(pa.string())),
+        pa.field("num_tokens", pa.int32()),
+        pa.field("num_trainable", pa.int32()),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an output directory that must not be written (call it before any expensive work).
+
+    Raises:
+        FileExistsError: ``output`` is an existing seqpack dataset and ``overwrite`` is False, or it is
+            a file, or a non-empty directory that is not a seqpack dataset (never deleted, even with
+            ``overwrite``).
+    """
+    out = Path(output)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is a file, not a directory; choose another --output")
+    if not any(out.iterdir()):
+        return
+    if (out / METADATA_FILE).is_file():
+        if not overwrite:
+            raise FileExistsError(
+                f"output {out} already holds a packed dataset; pass --overwrite (overwrite=True) to "
+                "replace it, or choose another --output"
+            )
+        return
+    raise FileExistsError(
+        f"output {out} is a non-empty directory that is not a seqpack packed dataset (no "
+        f"{METADATA_FILE}); refusing to delete it even with --overwrite. Choose another --output or "
+        "empty it yourself."
+    )
+
+
+def _row_arrays(row: Any) -> dict[str, Any]:
+    """Extract the stored columns from a :class:`~seqpack.packed.PackedSequence`."""
+    ids = np.asarray(row.input_ids)
+    labels = np.asarray(row.labels)
+    cu = np.asarray(row.cu_seqlens)
+    cup = np.asarray(row.cu_seqlens_padded)
+    n = int(getattr(row, "num_segments", 0) or (len(cu) - 1))
+    cu, cup = cu[: n + 1], cup[: n + 1]  # static-shape padded boundaries are trimmed by the true N
+    if ids.ndim != 1 or labels.shape != ids.shape:
+        raise ValueError(f"row input_ids/labels must be 1-D of equal length, got {ids.shape}, {labels.shape}")
+    if len(cup) == 0 or int(cup[-1]) != ids.shape[0]:
+        raise ValueError(f"row cu_seqlens_padded must end at T={ids.shape[0]}, got {cup.tolist()}")
+    if ids.size and (int(ids.max()) > _INT32_MAX or int(ids.min()) < 0):
+        raise ValueError("token ids must fit in int32 and be >= 0")
+    sample_ids = [str(s) for s in (row.sample_ids or [])]
+    if len(sample_ids) != n:
+        raise ValueError(f"row has {n} segments but {len(sample_ids)} sample_ids")
+    return {
+        "input_ids": ids.astype(np.int32, copy=False),
+        "labels": labels.astype(np.int32, copy=False),
+        "cu_seqlens": cu.astype(np.int32, copy=False),
+        "cu_seqlens_padded": cup.astype(np.int32, copy=False),
+        "sample_ids": sample_ids,
+        "num_tokens": int(cu[-1]),
+        "num_trainable": int(np.count_nonzero(labels != -100)),
+    }
+
+
+def _list_array(arrs: list[np.ndarray]) -> pa.ListArray:
+    lengths = np.fromiter((len(a) for a in arrs), dtype=np.int64, count=len(arrs))
+    offsets = np.zeros(len(arrs) + 1, dtype=np.int32)
+    if np.sum(lengths) > _INT32_MAX:
+        raise ValueError("shard too large for 32-bit list offsets; lower rows_per_shard")
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate(arrs).astype(np.int32, copy=False) if arrs else np.zeros(0, np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.int32()))
+
+
+class PackedWriter:
+    """Stream packs into Parquet shards inside a temp dir, then publish atomically.
+
+    Use as a context manager; leaving the block with an exception deletes the temp dir (the target is
+    untouched). :meth:`finalize` must be called to publish.
+
+    Args:
+        output: target directory.
+        overwrite: replace an existing seqpack dataset at ``output``.
+        rows_per_shard: packs per Parquet shard (>= 1).
+        row_group_size: packs per Parquet row group.
+        compression: Parquet codec (``"zstd"``, ``"snappy"``, ``"none"``...).
+
+    Raises:
+        FileExistsError: see :func:`check_output_dir`.
+    """
+
+    def __init__(
+        self,
+        output: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        rows_per_shard: int = 2048,
+        row_group_size: int = 128,
+        compression: str = "zstd",
+    ) -> None:
+        if rows_per_shard < 1 or row_group_size < 1:
+            raise ValueError("rows_per_shard and row_group_size must be >= 1")
+        self.output = Path(output)
+        self.overwrite = overwrite
+        check_output_dir(self.output, overwrite)
+        self.rows_per_shard = int(rows_per_shard)
+        self.row_group_size = int(row_group_size)
+        self.compression = compression
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.output.parent / f".{self.output.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        (self.tmp / DATA_DIR).mkdir(parents=True)
+        self._buf: dict[str, list] = {c: [] for c in COLUMNS}
+        self.shards: list[ShardInfo] = []
+        self.num_rows = 0
+        self._done = False
+
+    # -- rows -----------------------------------------------------------------------------------
+    def write(self, row: Any) -> None:
+        """Append one pack (a :class:`~seqpack.packed.PackedSequence` or duck-typed equivalent)."""
+        if self._done:
+            raise RuntimeError("writer already finalized or aborted")
+        cols = _row_arrays(row)
+        for k, v in cols.items():
+            self._buf[k].append(v)
+        self.num_rows += 1
+        if len(self._buf["input_ids"]) >= self.rows_per_shard:
+            self._flush()
+
+    def write_all(self, rows: Iterable[Any]) -> None:
+        for r in rows:
+            self.write(r)
+
+    def _flush(self) -> None:
+        n = len(self._buf["input_ids"])
+        if n == 0:
+            return
+        table = pa.Table.from_arrays(
+            [
+                _list_array(self._buf["input_ids"]),
+                _list_array(self._buf["labels"]),
+                _list_array(self._buf["cu_seqlens"]),
+                _list_array(self._buf["cu_seqlens_padded"]),
+                pa.array(self._buf["sample_ids"], pa.list_(pa.string())),
+                pa.array(self._buf["num_tokens"], pa.int32()),
+                pa.array(self._buf["num_trainable"], pa.int32()),
+            ],
+            schema=SCHEMA,
+        )
+        name = f"{DATA_DIR}/shard-{len(self.shards):05d}.parquet"
+        path = self.tmp / name
+        pq.write_table(table, path, row_group_size=self.row_group_size, compression=self.compression)
+        _fsync_file(path)
+        self.shards.append(ShardInfo(file=name, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
+        self._buf = {c: [] for c in COLUMNS}
+
+    # -- publish --------------------------------------------------------------------------------
+    def finalize(self, metadata: PackedMetadata, report_entries: Iterable[Any] = ()) -> PackedMetadata:
+        """Flush, write ``report.jsonl`` then ``metadata.json``, fsync, and rename onto ``output``.
+
+        Fills ``metadata.shards``, ``columns``, ``num_packs``, ``format_version``, ``seqpack_version``
+        and ``created_at``.
+
+        Raises:
+            ValueError: ``metadata.num_packs`` was set (> 0) and differs from the rows written.
+            FileExistsError: the target appeared meanwhile and ``overwrite`` is False.
+        """
+        if self._done:
+            raise RuntimeError("writer already finalized or aborted")
+        try:
+            self._flush()
+            if metadata.num_packs and metadata.num_packs != self.num_rows:
+                raise ValueError(f"metadata.num_packs={metadata.num_packs} but {self.num_rows} rows were written")
+            from seqpack import __version__
+
+            metadata.num_packs = self.num_rows
+            metadata.shards = list(self.shards)
+            metadata.columns = list(COLUMNS)
+            metadata.format_version = FORMAT_VERSION
+            metadata.seqpack_version = __version__
+            metadata.created_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            rep = self.tmp / REPORT_FILE
+            with open(rep, "w", encoding="utf-8") as f:
+                for e in report_entries:
+                    d = asdict(e) if hasattr(e, "__dataclass_fields__") else dict(e)
+                    f.write(json.dumps(d, ensure_ascii=False, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            meta_tmp = self.tmp / (METADATA_FILE + ".partial")
+            with open(meta_tmp, "w", encoding="utf-8") as f:
+                f.write(metadata.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(meta_tmp, self.tmp / METADATA_FILE)
+            _fsync_dir(self.tmp / DATA_DIR)
+            _fsync_dir(self.tmp)
+            self._publish()
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        return metadata
+
+    def _publish(self) -> None:
+        check_output_dir(self.output, self.overwrite)
+        old = None
+        if self.output.exists():
+            old = self.output.parent / f".{self.output.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.output, old)
+        try:
+            os.rename(self.tmp, self.output)
+        except BaseException:
+            if old is not None:
+                os.rename(old, self.output)
+            raise
+        _fsync_dir(self.output.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Delete the temp directory (the target is left untouched)."""
+        self._done = True
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "PackedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._done:
+            if not self._done:
+                self.abort()
+
+
+def write_packed(
+    rows: Iterable[Any],
+    output: str | os.PathLike,
+    metadata: PackedMetadata,
+    *,
+    report_entries: Iterable[Any] = (),
+    overwrite: bool = False,
+    rows_per_shard: int = 2048,
+    row_group_size: int = 128,
+    compression: str = "zstd",
+) -> PackedMetadata:
+    """Write packs to ``output`` atomically (see module docstring) and return the final metadata.
+
+    Args:
+        rows: :class:`~seqpack.packed.PackedSequence` rows (any iterable; consumed once).
+        output: target directory.
+        metadata: filled-in :class:`PackedMetadata` (shards/columns/num_packs are set here).
+        report_entries: :class:`~seqpack.data.sample.SampleRecord` (or dicts) for ``report.jsonl``.
+        overwrite: replace an existing seqpack dataset.
+
+    Raises:
+        FileExistsError: see :func:`check_output_dir`.
+        ValueError: a row violates the stored-column contract (int32 ids, ``cu_seqlens_padded[-1] == T``,
+            one sample id per segment).
+    """
+    with PackedWriter(
+        output,
+        overwrite=overwrite,
+        rows_per_shard=rows_per_shard,
+        row_group_size=row_group_size,
+        compression=compression,
+    ) as w:
+        w.write_all(rows)
+        return w.finalize(metadata, report_entries)
+
+
+__all__ += ["PackedDatasetError"]
