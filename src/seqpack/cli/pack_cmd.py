@@ -1,2 +1,160 @@
-"""`seqpack pack`, `seqpack inspect`, `seqpack algorithms` (OWNER: io/cli helper)."""
-from seqpack.cli.app import app  # noqa: F401
+"""`seqpack pack`, `seqpack inspect`, `seqpack algorithms` (OWNER: io/cli helper).
+
+User errors (bad settings, missing files, an existing output, a malformed record) print one readable
+message and exit with code 2 (invalid settings) or 1 (data / file problems), without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from seqpack.cli.app import app
+
+_err = Console(stderr=True)
+_out = Console()
+
+
+def _fail(msg: str, code: int) -> None:
+    _err.print(f"[bold red]error:[/bold red] {msg}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _user_error_code(exc: BaseException) -> int | None:
+    """Exit code for a user error, or None for an unexpected exception (a bug: keep the traceback)."""
+    from seqpack.pipeline import PackConfigError
+
+    if isinstance(exc, PackConfigError):
+        return 2
+    if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError, ValueError)):
+        return 1
+    return None
+
+
+def _summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+@app.command("pack")
+def pack(
+    inputs: Optional[List[str]] = typer.Argument(
+        None, help="JSON/JSONL/Parquet files or globs. None: the embedded sample_chat.jsonl demo data."
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="Dataset directory to create."),
+    tokenizer: str = typer.Option("qwen3", help="Tokenizer name or local path ('qwen3' = embedded Qwen3)."),
+    seq_length: int = typer.Option(4096, "--seq-length", help="Pack capacity in tokens."),
+    algorithm: Optional[str] = typer.Option(None, help="Packing algorithm (see `seqpack algorithms`)."),
+    pad_to_multiple_of: int = typer.Option(1, "--pad-to-multiple-of", help="Pad each segment to this multiple."),
+    context_parallel_size: int = typer.Option(1, "--context-parallel-size", help="CP size (segments padded to 2*CP)."),
+    overlength: str = typer.Option("truncate", help="Over-length policy: truncate | drop | split | error."),
+    on_error: str = typer.Option("raise", "--on-error", help="Bad records: raise | skip."),
+    train_on: str = typer.Option("assistant", "--train-on", help="Which tokens are trained (e.g. assistant)."),
+    seed: int = typer.Option(0, help="Planner seed."),
+    format: str = typer.Option("auto", "--format", help="Input format, or auto-detect per record."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing packed dataset at --output."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from seqpack.pipeline import pack_dataset
+
+    progress = None if quiet else Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=_err, transient=False,
+    )
+    try:
+        if progress is not None:
+            progress.start()
+        try:
+            res = pack_dataset(
+                inputs or None, output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algorithm,
+                pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size,
+                overlength=overlength, on_error=on_error, train_on=train_on, seed=seed, format=format,
+                overwrite=overwrite, progress=progress,
+            )
+        finally:
+            if progress is not None:
+                progress.stop()
+    except KeyboardInterrupt:
+        _fail(f"interrupted; nothing was written to {output}", 130)
+    except Exception as exc:  # noqa: BLE001 - user errors become messages, bugs keep their traceback
+        code = _user_error_code(exc)
+        if code is None:
+            raise
+        _fail(str(exc), code)
+    from seqpack.report import summary_rows
+
+    _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
+    n_entries = len(res.report.entries)
+    if n_entries:
+        _out.print(f"{n_entries} record(s) dropped/truncated/skipped: see {res.output / 'report.jsonl'}")
+
+
+@app.command("inspect")
+def inspect(
+    path: Path = typer.Argument(..., help="Packed dataset directory."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the PNG (default DIR/report.png)."),
+    no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
+) -> None:
+    """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
+    from seqpack.io import load_packed
+    from seqpack.report import plot_report, summary_rows
+
+    try:
+        ds = load_packed(path)
+        _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
+        if not no_plot:
+            png = plot_report(ds, plot)
+            _out.print(f"wrote {png}")
+    except Exception as exc:  # noqa: BLE001
+        code = _user_error_code(exc)
+        if code is None:
+            raise
+        _fail(str(exc), code)
+
+
+@app.command("algorithms")
+def algorithms() -> None:
+    """List the packing algorithms, one line each (the default is marked)."""
+    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
+
+    default = PackingAlgorithm(DEFAULT_ALGORITHM)
+    t = Table(show_header=True)
+    t.add_column("algorithm", style="bold")
+    t.add_column("description")
+    for a in PackingAlgorithm:
+        doc = _describe(a)
+        t.add_row(a.value + (" (default)" if a == default else ""), doc)
+    _out.print(t)
+
+
+def _describe(a) -> str:
+    for attr in ("description", "summary", "help"):
+        v = getattr(a, attr, None)
+        if callable(v):
+            v = v()
+        if isinstance(v, str) and v:
+            return v.strip().splitlines()[0]
+    try:
+        from seqpack import algorithms as _alg
+
+        for name in ("ALGORITHM_DESCRIPTIONS", "DESCRIPTIONS"):
+            d = getattr(_alg, name, None)
+            if isinstance(d, dict):
+                v = d.get(a) or d.get(a.value)
+                if v:
+                    return str(v).strip().splitlines()[0]
+    except ImportError:  # pragma: no cover
+        pass
+    return ""

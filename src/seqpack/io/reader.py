@@ -194,8 +194,18 @@ class PackedDataset:
         from seqpack.packed import PackedSequence
 
         c = self.columns(i)
+        m = self.metadata
         return PackedSequence.from_boundaries(
-            c["input_ids"], c["labels"], c["cu_seqlens"], c["cu_seqlens_padded"], sample_ids=c["sample_ids"]
+            c["input_ids"],
+            c["labels"],
+            c["cu_seqlens"],
+            c["cu_seqlens_padded"],
+            sample_ids=c["sample_ids"],
+            extra={
+                "pad_to_multiple_of": m.effective_pad_multiple,
+                "seq_length": m.seq_length,
+                "pad_token_id": m.pad_token_id,
+            },
         )
 
     def __iter__(self) -> Iterator[Any]:

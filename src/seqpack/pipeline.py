@@ -1,0 +1,334 @@
+"""The offline packing job: prepare -> plan -> build rows -> write (used by ``seqpack pack`` and
+:func:`pack_dataset`).
+
+One source of truth for the pad multiple (case B24): :func:`seqpack.padding.compute_pad_multiple` is
+called once here and the same integer goes to the planner (``pack_lengths(..., pad_to_multiple_of=m)``),
+the row builder (``build_packed_sequence(..., pad_to_multiple_of=m)``), the row validator and the
+metadata (``effective_pad_multiple``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from seqpack.io.fingerprint import compute_fingerprint, describe_input, hash_tokenizer
+from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
+from seqpack.io.writer import PackedWriter, check_output_dir
+from seqpack.padding import compute_pad_multiple
+
+__all__ = ["PackConfigError", "PackResult", "pack_dataset", "sample_data_path", "resolve_algorithm"]
+
+
+class PackConfigError(ValueError):
+    """Invalid packing settings (the message names the config keys and the fix)."""
+
+
+def sample_data_path() -> Path:
+    """Path of the embedded demo dataset ``seqpack/resources/sample_chat.jsonl`` (40 OpenAI-format
+    chats written for seqpack: system prompts, multi-turn, tool calls with ``tools``)."""
+    return Path(str(resources.files("seqpack") / "resources" / "sample_chat.jsonl"))
+
+
+def resolve_algorithm(algorithm: Any) -> Any:
+    """Return the :class:`~seqpack.algorithms.PackingAlgorithm` for a name/enum (``None`` = default).
+
+    Raises:
+        PackConfigError: unknown name (lists the valid ones).
+    """
+    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
+
+    if algorithm is None:
+        return PackingAlgorithm(DEFAULT_ALGORITHM)
+    if isinstance(algorithm, PackingAlgorithm):
+        return algorithm
+    try:
+        return PackingAlgorithm(str(algorithm).lower().replace("-", "_"))
+    except ValueError:
+        names = ", ".join(a.value for a in PackingAlgorithm)
+        raise PackConfigError(f"unknown algorithm {algorithm!r} (key: algorithm); choose one of: {names}") from None
+
+
+@dataclass
+class PackResult:
+    """What :func:`pack_dataset` produced.
+
+    Attributes:
+        output: the dataset directory.
+        metadata: the written :class:`~seqpack.io.PackedMetadata` (counts, efficiency, fingerprint...).
+        report: the :class:`~seqpack.data.sample.PrepareReport` (every dropped/truncated record).
+        plan: the :class:`~seqpack.algorithms.PackingPlan`.
+        timings_s: wall seconds per stage (``prepare``, ``plan``, ``write``, ``total``).
+    """
+
+    output: Path
+    metadata: PackedMetadata
+    report: Any
+    plan: Any
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_packs(self) -> int:
+        return self.metadata.num_packs
+
+    def load(self, expect: dict | None = None):
+        """Open the written dataset (:func:`seqpack.io.load_packed`)."""
+        from seqpack.io.reader import load_packed
+
+        return load_packed(self.output, expect=expect)
+
+
+def _validate_settings(seq_length: int, pad_to_multiple_of: int, context_parallel_size: int) -> int:
+    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
+        raise PackConfigError(f"seq_length must be an integer >= 1, got {seq_length!r}")
+    try:
+        m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
+    except ValueError as e:
+        raise PackConfigError(str(e)) from None
+    if seq_length % m:
+        lo = (seq_length // m) * m
+        hint = f"{lo} or {lo + m}" if lo else f"{m}"
+        raise PackConfigError(
+            f"seq_length={seq_length} is not divisible by the pad multiple {m} = compute_pad_multiple("
+            f"pad_to_multiple_of={pad_to_multiple_of}, context_parallel_size={context_parallel_size})"
+            + (" (context parallelism needs every segment padded to 2*CP)" if context_parallel_size > 1 else "")
+            + f"; choose seq_length = {hint}, or change pad_to_multiple_of / context_parallel_size"
+        )
+    return m
+
+
+def _tokenizer_hashes(tok: Any) -> tuple[str | None, str | None]:
+    try:  # the data module's fingerprint is the one source of truth when it is there
+        from seqpack.data.tokenizer import tokenizer_fingerprint  # type: ignore
+    except ImportError:
+        return hash_tokenizer(tok)
+    fp = tokenizer_fingerprint(tok)
+    if isinstance(fp, dict):
+        files = fp.get("tokenizer_hash") or fp.get("files") or fp.get("files_sha256")
+        chat = fp.get("chat_template_hash") or fp.get("chat_template") or fp.get("chat_template_sha256")
+        own_files, own_chat = hash_tokenizer(tok)
+        return files or own_files, chat or own_chat
+    if isinstance(fp, (tuple, list)) and len(fp) == 2:
+        return fp[0], fp[1]
+    _, chat = hash_tokenizer(tok)
+    return (str(fp) if fp is not None else None), chat
+
+
+def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    try:
+        from seqpack.data.formats import expand_inputs
+
+        items = expand_inputs(list(inputs))
+    except ImportError:  # pragma: no cover - data module always present in a release
+        items = list(inputs)
+    return [describe_input(i) for i in items]
+
+
+def _pad_token_id(tok: Any) -> int:
+    for attr in ("pad_token_id", "eos_token_id"):
+        v = getattr(tok, attr, None)
+        if isinstance(v, int):
+            return v
+    return 0
+
+
+def pack_dataset(
+    inputs: Any = None,
+    output: str | os.PathLike = "packed",
+    *,
+    tokenizer: Any = "qwen3",
+    seq_length: int = 4096,
+    algorithm: Any = None,
+    pad_to_multiple_of: int = 1,
+    context_parallel_size: int = 1,
+    overlength: str = "truncate",
+    on_error: str = "raise",
+    train_on: str = "assistant",
+    seed: int = 0,
+    format: str | None = "auto",
+    overwrite: bool = False,
+    rows_per_shard: int = 2048,
+    validate: bool = True,
+    progress: Any = None,
+    log: Callable[[str], None] | None = None,
+) -> PackResult:
+    """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
+
+    Steps: read + normalise + tokenize (``seqpack.data.prepare``, with the over-length policy), plan
+    the packs (``seqpack.algorithms.pack_lengths``), build one THD row per pack
+    (``seqpack.packed.build_packed_sequence``, rows validated against every invariant of
+    packed-batch-spec.md), write atomically (``seqpack.io.PackedWriter``).
+
+    Args:
+        inputs: path(s)/glob(s) of JSON/JSONL/Parquet files or ``datasets.Dataset`` objects; ``None``
+            packs the embedded ``sample_chat.jsonl`` (:func:`sample_data_path`).
+        output: dataset directory to create.
+        tokenizer: tokenizer name/path or a loaded HF tokenizer (``"qwen3"`` = embedded Qwen3).
+        seq_length: pack capacity in tokens; must be divisible by the pad multiple.
+        algorithm: a ``PackingAlgorithm`` or its name (``None`` = ``DEFAULT_ALGORITHM``).
+        pad_to_multiple_of: per-segment multiple (Megatron-Bridge ``pad_seq_to_mult``).
+        context_parallel_size: CP size; CP > 1 pads every segment to a multiple of 2*CP.
+        overlength, on_error, train_on, format: data-preparation policies (see ``seqpack.data.prepare``);
+            ``format="auto"`` detects per record.
+        seed: planner seed (pack order shuffle).
+        overwrite: replace an existing dataset at ``output``.
+        rows_per_shard: packs per Parquet shard.
+        validate: check every built row (``PackedSequence.validate``) before writing.
+        progress: optional ``rich.progress.Progress``; tasks are added for each stage.
+        log: optional callable receiving one-line stage messages.
+
+    Returns:
+        :class:`PackResult`.
+
+    Raises:
+        PackConfigError: invalid settings (names the keys), e.g. ``seq_length`` not divisible by the
+            multiple (case B23: capacity 150 with CP=2) or no sample left to pack.
+        FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
+        FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix).
+    """
+    t0 = time.perf_counter()
+    say = log or (lambda _msg: None)
+    m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
+    algo = resolve_algorithm(algorithm)
+    output = Path(output)
+    check_output_dir(output, overwrite)
+    if inputs is None:
+        inputs = [sample_data_path()]
+    elif isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
+        inputs = [inputs]
+    fmt = None if format in (None, "auto") else format
+
+    from seqpack.data import prepare
+    from seqpack.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    tok_name = str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else getattr(tok, "name_or_path", None)
+    tok_hash, chat_hash = _tokenizer_hashes(tok)
+
+    # ---- 1. read, normalise, tokenize
+    samples, report = prepare(
+        list(inputs), tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+        train_on=train_on, format=fmt, progress=progress,
+    )
+    t_prep = time.perf_counter()
+    say(f"prepared {len(samples)} samples from {report.records_read} records")
+    if not samples:
+        raise PackConfigError(
+            f"no sample left to pack: {report.records_read} record(s) read, none usable "
+            f"({report.by_reason() or 'no records'}); check the inputs, --format and --overlength/--on-error"
+        )
+
+    # ---- 2. plan (same multiple m as the builder: case B24)
+    from seqpack.algorithms import pack_lengths
+
+    lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+    task = progress.add_task("planning packs", total=1) if progress is not None else None
+    plan = pack_lengths(lengths, seq_length, algo, seed=seed, pad_to_multiple_of=m)
+    if progress is not None:
+        progress.update(task, completed=1)
+    order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
+    if order.shape[0] != len(samples) or not np.array_equal(np.sort(order), np.arange(len(samples))):
+        raise RuntimeError(  # planner bug: every sample must be in exactly one pack
+            f"packing plan ({algo.value}) does not place every sample exactly once "
+            f"({order.shape[0]} placements for {len(samples)} samples)"
+        )
+    t_plan = time.perf_counter()
+    say(f"planned {plan.num_bins} packs (lower bound {plan.lower_bound}) with {algo.value}")
+
+    # ---- 3. build rows and write atomically
+    from seqpack.packed import build_packed_sequence
+
+    pad_id = _pad_token_id(tok)
+
+    def rows() -> Iterator[Any]:
+        wtask = progress.add_task("writing packs", total=len(plan.bins)) if progress is not None else None
+        for b in plan.bins:
+            row = build_packed_sequence(
+                [samples[int(i)] for i in b], pad_to_multiple_of=m, pad_token_id=pad_id, seq_length=seq_length
+            )
+            if validate:
+                row.validate(capacity=seq_length, context_parallel_size=context_parallel_size, multiple=m)
+            if progress is not None:
+                progress.advance(wtask)
+            yield row
+
+    bin_real = np.array([int(lengths[b].sum()) for b in plan.bins], dtype=np.int64)
+    num_packs = len(plan.bins)
+    tokens = int(lengths.sum())
+    padded_tokens = int((-(-lengths // m) * m).sum())
+    counts: dict[str, Any] = {
+        "records_read": int(report.records_read),
+        "samples_packed": len(samples),
+        "tokens": tokens,
+        "trainable_tokens": int(sum(s.num_trainable for s in samples)),
+        "alignment_padding_tokens": padded_tokens - tokens,
+        "tail_padding_tokens": num_packs * seq_length - padded_tokens,
+    }
+    for status, reasons in report.by_reason().items():
+        counts[status] = dict(reasons)
+    described = _describe_inputs(inputs)
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "seq_length": int(seq_length),
+        "pad_to_multiple_of": int(pad_to_multiple_of),
+        "context_parallel_size": int(context_parallel_size),
+        "effective_pad_multiple": int(m),
+        "algorithm": algo.value,
+        "seed": int(seed),
+        "overlength": overlength,
+        "train_on": train_on,
+        "on_error": on_error,
+        "format": fmt,
+        "tokenizer_hash": tok_hash,
+        "chat_template_hash": chat_hash,
+        "pad_token_id": pad_id,
+    }
+    meta = PackedMetadata(
+        seq_length=int(seq_length),
+        pad_to_multiple_of=int(pad_to_multiple_of),
+        context_parallel_size=int(context_parallel_size),
+        effective_pad_multiple=int(m),
+        algorithm=algo.value,
+        seed=int(seed),
+        overlength=overlength,
+        train_on=train_on,
+        on_error=on_error,
+        format=fmt,
+        tokenizer=tok_name,
+        tokenizer_hash=tok_hash,
+        chat_template_hash=chat_hash,
+        pad_token_id=pad_id,
+        counts=counts,
+        num_packs=num_packs,
+        lower_bound=int(plan.lower_bound),
+        packing_efficiency=round(tokens / (num_packs * seq_length), 6),
+        packing_factor=round(len(samples) / num_packs, 6),
+        max_samples_per_bin=max(len(b) for b in plan.bins),
+        dataset_max_seqlen=int(lengths.max()),
+        min_packed_seqlen=int(bin_real.min()),
+        fingerprint=compute_fingerprint(described, settings),
+        inputs=described,
+    )
+    with PackedWriter(output, overwrite=overwrite, rows_per_shard=rows_per_shard) as w:
+        w.write_all(rows())
+        meta = w.finalize(meta, report.entries)
+    t_end = time.perf_counter()
+    say(f"wrote {num_packs} packs to {output}")
+    return PackResult(
+        output=output,
+        metadata=meta,
+        report=report,
+        plan=plan,
+        timings_s={
+            "prepare": round(t_prep - t0, 3),
+            "plan": round(t_plan - t_prep, 3),
+            "write": round(t_end - t_plan, 3),
+            "total": round(t_end - t0, 3),
+        },
+    )

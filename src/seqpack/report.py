@@ -1,0 +1,107 @@
+"""Human-readable summaries of a packed dataset: the summary rows shown by the CLI and ``report.png``.
+
+``report.png`` has two panels: the histogram of real sample (segment) lengths and the histogram of pack
+fill (real tokens / ``seq_length``). Drawn with matplotlib's Agg canvas directly (no ``pyplot``, no
+global backend switch), so it works headless and never changes the caller's matplotlib state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
+
+REPORT_PNG = "report.png"
+
+
+def _fmt_reasons(d: Any) -> str:
+    if not d:
+        return "0"
+    total = sum(int(v) for v in d.values())
+    return f"{total} (" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + ")"
+
+
+def summary_rows(metadata: Any, timings_s: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    """Rows ``(label, value)`` summarising a :class:`~seqpack.io.PackedMetadata` (for a rich table).
+
+    Includes records read, samples packed, dropped/skipped/truncated/split per reason, tokens, packs
+    vs lower bound, packing efficiency and factor, and the settings that matter for reuse.
+    """
+    m = metadata
+    c = m.counts or {}
+    rows: list[tuple[str, str]] = [
+        ("records read", f"{c.get('records_read', 0):,}"),
+        ("samples packed", f"{c.get('samples_packed', 0):,}"),
+    ]
+    for status in ("dropped", "skipped", "truncated", "split"):
+        rows.append((status, _fmt_reasons(c.get(status))))
+    gap = m.num_packs - m.lower_bound
+    rows += [
+        ("tokens (real)", f"{c.get('tokens', 0):,}"),
+        ("trainable tokens", f"{c.get('trainable_tokens', 0):,}"),
+        ("packs / lower bound", f"{m.num_packs:,} / {m.lower_bound:,}" + (" (optimal)" if gap == 0 else f" (+{gap})")),
+        ("packing efficiency", f"{100 * m.packing_efficiency:.2f}% of {m.num_packs:,} x {m.seq_length:,} slots"),
+        ("packing factor", f"{m.packing_factor:.2f} samples/pack (max {m.max_samples_per_bin})"),
+        ("longest sample / emptiest pack", f"{m.dataset_max_seqlen:,} / {m.min_packed_seqlen:,} tokens"),
+        ("seq_length", f"{m.seq_length:,}"),
+        ("pad multiple", f"{m.effective_pad_multiple} (pad_to_multiple_of={m.pad_to_multiple_of}, "
+                         f"context_parallel_size={m.context_parallel_size})"),
+        ("algorithm / seed", f"{m.algorithm} / {m.seed}"),
+        ("policies", f"overlength={m.overlength}, train_on={m.train_on}, on_error={m.on_error}"),
+        ("tokenizer", f"{m.tokenizer} ({(m.tokenizer_hash or '?')[:12]})"),
+        ("fingerprint", (m.fingerprint or "?")[:16]),
+    ]
+    if timings_s:
+        rows.append(("time", ", ".join(f"{k} {v:.2f}s" for k, v in timings_s.items())))
+    return rows
+
+
+def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins: int = 50) -> Path:
+    """Write ``report.png``: sample-length histogram and pack-fill histogram.
+
+    Args:
+        dataset: a :class:`~seqpack.io.PackedDataset` or a dataset directory.
+        out_path: PNG path (default ``<dataset dir>/report.png``).
+        bins: histogram bin count.
+
+    Returns:
+        The PNG path.
+
+    Raises:
+        seqpack.io.PackedDatasetError: the directory is not a complete packed dataset.
+        OSError: the PNG cannot be written (e.g. read-only directory: pass ``out_path``).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from seqpack.io.reader import PackedDataset, load_packed
+
+    ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
+    m = ds.metadata
+    lengths = ds.segment_lengths()
+    fill = ds.column("num_tokens") / float(m.seq_length) if len(ds) else np.zeros(0)
+    out = Path(out_path) if out_path is not None else ds.path / REPORT_PNG
+
+    fig = Figure(figsize=(11, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.hist(lengths, bins=bins, range=(0, m.seq_length), color="#4c72b0")
+    ax1.axvline(m.seq_length, color="k", lw=1, ls="--")
+    ax1.set_xlabel("sample length (real tokens)")
+    ax1.set_ylabel("samples")
+    ax1.set_title(f"{lengths.size:,} samples, max {int(lengths.max()) if lengths.size else 0:,}")
+    ax2.hist(fill * 100.0, bins=bins, range=(0, 100), color="#55a868")
+    ax2.set_xlabel("pack fill (% of seq_length, real tokens)")
+    ax2.set_ylabel("packs")
+    ax2.set_title(
+        f"{m.num_packs:,} packs (lower bound {m.lower_bound:,}), efficiency {100 * m.packing_efficiency:.1f}%"
+    )
+    fig.suptitle(f"{ds.path.name}: seq_length {m.seq_length}, {m.algorithm}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
