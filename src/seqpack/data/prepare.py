@@ -1,0 +1,169 @@
+"""``prepare``: chat records in, tokenized ``Sample``s and a full accounting report out."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from .formats import Conversation, DataFormatError, RawRecord, dataset_name, expand_inputs, iter_records, normalize_record
+from .sample import PrepareReport, Sample, SampleRecord
+from .tokenize import OVERLENGTH_POLICIES, TRAIN_ON, TemplateMarkers, apply_overlength, encode_texts, render_conversation
+
+__all__ = ["prepare", "ON_ERROR"]
+
+ON_ERROR = ("raise", "skip")
+
+ProgressFn = Callable[[str, int, "int | None"], None]
+
+
+def prepare(
+    inputs: Any,
+    tokenizer: Any,
+    *,
+    seq_length: int,
+    overlength: str = "truncate",
+    on_error: str = "raise",
+    train_on: str = "assistant",
+    format: str | None = None,
+    progress: ProgressFn | None = None,
+    keep_untrainable: bool = False,
+    batch_size: int = 1024,
+) -> tuple[list[Sample], PrepareReport]:
+    """Read chat records, render them with the tokenizer's chat template and tokenize them.
+
+    Args:
+        inputs: a path (``.json`` array, ``.jsonl``, ``.parquet``), a glob, an HF
+            ``datasets.Dataset``, or a list of those (read in order).
+        tokenizer: a fast ``transformers`` tokenizer with a chat template, or a name for
+            ``load_tokenizer`` (``"qwen3"`` = embedded Qwen3 tokenizer, a folder or a hub id).
+        seq_length: capacity in tokens; no returned sample is longer.
+        overlength: ``"truncate"`` (default) | ``"drop"`` | ``"split"`` (pretraining-style, opt-in)
+            | ``"error"``; see ``seqpack.data.tokenize.apply_overlength``.
+        on_error: ``"raise"`` (default) raises ``DataFormatError`` on the first bad record;
+            ``"skip"`` lists it in the report (status ``"skipped"``) and goes on. A file that is not
+            valid JSON as a whole always raises (its records cannot be counted).
+        train_on: ``"assistant"`` (labels on assistant turns only) or ``"all"``.
+        format: force ``"alpaca"``, ``"sharegpt"``, ``"openai"`` or ``"llava"``; ``None`` detects
+            per record.
+        progress: optional ``callback(stage, done, total)``; stage ``"prepare"`` counts records
+            (``total`` is known for datasets, ``None`` for files).
+        keep_untrainable: keep samples that have no trainable label (default: drop and report them).
+        batch_size: records per batched tokenizer call.
+
+    Returns:
+        ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
+        ``"<file name>:<index>"``, split fragments ``"<id>#part<k>"``, ``media={"images": [...]}``
+        for records with images); ``report.records_read`` = records in the inputs, and every
+        record that is not one unchanged sample has an entry (skipped, dropped, truncated, split).
+
+    Raises:
+        DataFormatError: bad input with ``on_error="raise"`` (names file, line/index and the fix).
+        OverlengthError: ``overlength="error"`` and a sample is longer than ``seq_length``.
+        FileNotFoundError: a path or glob matches nothing.
+        ValueError: an invalid option.
+    """
+    if overlength not in OVERLENGTH_POLICIES:
+        raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR}")
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on={train_on!r} is not one of {TRAIN_ON}")
+    if int(seq_length) < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    seq_length = int(seq_length)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from .tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    markers = TemplateMarkers.probe(tokenizer)
+
+    items = expand_inputs(inputs)
+    names = _display_names(items)
+    total = _total_records(items)
+    report = PrepareReport()
+    samples: list[Sample] = []
+    pending: list[tuple[Conversation, str, str, list[tuple[int, int]]]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        encoded = encode_texts(tokenizer, [p[2] for p in pending], [p[3] for p in pending], train_on)
+        for (conv, sid, _, _), (ids, tr) in zip(pending, encoded):
+            media = {"images": list(conv.images)} if conv.images else None
+            meta: dict[str, Any] = {"format": conv.format}
+            if conv.id is not None:
+                meta["record_id"] = conv.id
+            out, entries = apply_overlength(
+                ids,
+                tr,
+                seq_length=seq_length,
+                overlength=overlength,
+                sample_id=sid,
+                source=conv.source,
+                index=conv.index,
+                media=media,
+                meta=meta,
+                keep_untrainable=keep_untrainable,
+            )
+            samples.extend(out)
+            report.entries.extend(entries)
+            for s in out:
+                report.samples_out += 1
+                report.tokens += s.length
+                report.trainable_tokens += s.num_trainable
+        pending.clear()
+
+    for item, name in zip(items, names):
+        for raw in iter_records(item):
+            report.records_read += 1
+            sid = f"{name}:{raw.index}"
+            try:
+                conv = normalize_record(raw, format)
+                text, spans = render_conversation(conv, tokenizer, markers)
+            except DataFormatError as e:
+                if on_error == "raise":
+                    raise
+                report.entries.append(_skip_entry(raw, sid, e))
+                continue
+            pending.append((conv, sid, text, spans))
+            if len(pending) >= batch_size:
+                flush()
+                if progress is not None:
+                    progress("prepare", report.records_read, total)
+        flush()
+        if progress is not None:
+            progress("prepare", report.records_read, total)
+    return samples, report
+
+
+def _skip_entry(raw: RawRecord, sid: str, e: DataFormatError) -> SampleRecord:
+    detail = str(e)
+    return SampleRecord(sid, raw.source, raw.index, "skipped", e.reason, detail)
+
+
+def _display_names(items: list[Any]) -> list[str]:
+    """Provenance prefix per input: the file name, or the full path where two inputs share a name."""
+    from .formats import _is_dataset
+
+    base = [dataset_name(it) if _is_dataset(it) else Path(it).name for it in items]
+    counts = Counter(base)
+    return [
+        b if counts[b] == 1 or _is_dataset(it) else str(it)
+        for b, it in zip(base, items)
+    ]
+
+
+def _total_records(items: list[Any]) -> int | None:
+    from .formats import _is_dataset
+
+    total = 0
+    for it in items:
+        if not _is_dataset(it):
+            return None
+        try:
+            total += len(it)
+        except TypeError:  # IterableDataset
+            return None
+    return total
