@@ -130,6 +130,29 @@ def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
     return [describe_input(i) for i in items]
 
 
+class _Stages:
+    """Adapt ``progress`` (a ``rich.progress.Progress``, a ``callback(stage, done, total)`` or None)
+    to one bar per stage: ``prepare`` (reading + tokenizing, reported by ``seqpack.data.prepare``),
+    ``plan`` and ``write``."""
+
+    _LABELS = {"prepare": "reading + tokenizing records", "plan": "planning packs", "write": "building + writing packs"}
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        p = self.progress
+        if p is None:
+            return
+        if not hasattr(p, "add_task"):
+            p(stage, done, total)
+            return
+        if stage not in self.tasks:
+            self.tasks[stage] = p.add_task(self._LABELS.get(stage, stage), total=total)
+        p.update(self.tasks[stage], completed=done, total=total)
+
+
 def _pad_token_id(tok: Any) -> int:
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tok, attr, None)
@@ -180,7 +203,8 @@ def pack_dataset(
         overwrite: replace an existing dataset at ``output``.
         rows_per_shard: packs per Parquet shard.
         validate: check every built row (``PackedSequence.validate``) before writing.
-        progress: optional ``rich.progress.Progress``; tasks are added for each stage.
+        progress: optional ``rich.progress.Progress`` (one bar per stage) or a
+            ``callback(stage, done, total)`` with stages ``prepare``, ``plan``, ``write``.
         log: optional callable receiving one-line stage messages.
 
     Returns:
@@ -194,6 +218,7 @@ def pack_dataset(
     """
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
+    stages = _Stages(progress)
     m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
     algo = resolve_algorithm(algorithm)
     output = Path(output)
@@ -214,7 +239,7 @@ def pack_dataset(
     # ---- 1. read, normalise, tokenize
     samples, report = prepare(
         list(inputs), tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
-        train_on=train_on, format=fmt, progress=progress,
+        train_on=train_on, format=fmt, progress=stages,
     )
     t_prep = time.perf_counter()
     say(f"prepared {len(samples)} samples from {report.records_read} records")
@@ -228,10 +253,9 @@ def pack_dataset(
     from seqpack.algorithms import pack_lengths
 
     lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
-    task = progress.add_task("planning packs", total=1) if progress is not None else None
+    stages("plan", 0, 1)
     plan = pack_lengths(lengths, seq_length, algo, seed=seed, pad_to_multiple_of=m)
-    if progress is not None:
-        progress.update(task, completed=1)
+    stages("plan", 1, 1)
     order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
     if order.shape[0] != len(samples) or not np.array_equal(np.sort(order), np.arange(len(samples))):
         raise RuntimeError(  # planner bug: every sample must be in exactly one pack
@@ -247,15 +271,16 @@ def pack_dataset(
     pad_id = _pad_token_id(tok)
 
     def rows() -> Iterator[Any]:
-        wtask = progress.add_task("writing packs", total=len(plan.bins)) if progress is not None else None
-        for b in plan.bins:
+        total = len(plan.bins)
+        stages("write", 0, total)
+        for k, b in enumerate(plan.bins, 1):
             row = build_packed_sequence(
                 [samples[int(i)] for i in b], pad_to_multiple_of=m, pad_token_id=pad_id, seq_length=seq_length
             )
             if validate:
                 row.validate(capacity=seq_length, context_parallel_size=context_parallel_size, multiple=m)
-            if progress is not None:
-                progress.advance(wtask)
+            if k % 64 == 0 or k == total:
+                stages("write", k, total)
             yield row
 
     bin_real = np.array([int(lengths[b].sum()) for b in plan.bins], dtype=np.int64)

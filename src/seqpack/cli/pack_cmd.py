@@ -130,13 +130,11 @@ def algorithms() -> None:
     from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
 
     default = PackingAlgorithm(DEFAULT_ALGORITHM)
-    t = Table(show_header=True)
-    t.add_column("algorithm", style="bold")
-    t.add_column("description")
+    width = max(len(a.value) for a in PackingAlgorithm) + len(" (default)")
     for a in PackingAlgorithm:
-        doc = _describe(a)
-        t.add_row(a.value + (" (default)" if a == default else ""), doc)
-    _out.print(t)
+        name = a.value + (" (default)" if a == default else "")
+        doc = _describe(a).replace("``", "")
+        typer.echo(f"{name:<{width}}  {doc}".rstrip())
 
 
 def _describe(a) -> str:
@@ -157,4 +155,18 @@ def _describe(a) -> str:
                     return str(v).strip().splitlines()[0]
     except ImportError:  # pragma: no cover
         pass
+    # Fall back to the row of the table in PackingAlgorithm's docstring (its one source of truth):
+    # ``member`` [(default)]  optimises  complexity  origin
+    import re
+
+    lines = (type(a).__doc__ or "").splitlines()
+    for k, line in enumerate(lines):
+        mt = re.match(r"^\s*``(\w+)``(?:\s*\(default\))?\s{2,}(.+?)\s{2,}(\S+(?: \S+)*)\s{2,}(.+)$", line)
+        if mt and mt.group(1) == a.value:
+            origin = mt.group(4).strip()
+            for cont in lines[k + 1 :]:  # wrapped last column: deeply indented continuation lines
+                if not cont.startswith(" " * 40) or not cont.strip() or cont.strip().startswith(("``", "=")):
+                    break
+                origin += " " + cont.strip()
+            return f"{mt.group(2).strip()}; {mt.group(3).strip()}; {origin}"
     return ""

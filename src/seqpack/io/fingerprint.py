@@ -107,9 +107,16 @@ def compute_fingerprint(inputs: Iterable[Mapping[str, Any]], settings: Mapping[s
 
     Args:
         inputs: the :func:`describe_input` dicts, in input order (order matters: it sets sample ids).
+            Only each file's base name, size and content hash enter the fingerprint, not its directory.
         settings: every option that changes the packed output (capacity, multiples, algorithm, seed,
             policies, tokenizer and chat-template hashes, format version).
     """
-    doc = {"inputs": [dict(i) for i in inputs], "settings": dict(settings)}
+    # Content, not location: the same files moved elsewhere give the same fingerprint.
+    ins = [
+        {"name": Path(str(i.get("path", ""))).name, "bytes": i.get("bytes"), "sha256": i.get("sha256")}
+        if i.get("sha256") else {"name": str(i.get("path")), "sha256": None}
+        for i in inputs
+    ]
+    doc = {"inputs": ins, "settings": dict(settings)}
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
