@@ -1,0 +1,629 @@
+"""numba kernels behind :mod:`seqpack.algorithms.core` (private).
+
+All kernels work on integer item sizes in *units* (padded length / pad multiple) and an integer
+capacity ``cap`` in the same units, and return ``bin_of`` (int64[n], the bin id of each item, bins
+numbered 0..nb-1 in opening order) plus the bin count. Compiled with ``cache=True`` so the JIT cost is
+paid once per machine.
+
+Two search structures make every kernel O(n log cap) or O(n log n) for ANY capacity (case B13: no
+power-of-two assumption; trees are sized to the next power of two and padded with empty leaves):
+
+* a *value tree*: a bit tree over the values 0..cap marking which values are non-empty, with
+  ``_find_ge`` (smallest non-empty value >= s) and ``_find_le`` (largest non-empty value <= r);
+  paired with per-value LIFO stacks (``head``/``nxt`` linked lists) of bins or items;
+* a *bin tree*: a max tree over bin indices holding remaining capacity, with ``_ff_query``
+  (leftmost bin with remaining >= s), which is first fit in O(log n).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+# --------------------------------------------------------------------------------------------
+# ordering helpers
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def desc_order(sizes, cap):
+    """Indices sorted by size descending, ties by index ascending (stable counting sort, O(n+cap))."""
+    n = sizes.shape[0]
+    cnt = np.zeros(cap + 2, np.int64)
+    for i in range(n):
+        cnt[cap - sizes[i] + 1] += 1
+    for v in range(1, cap + 2):
+        cnt[v] += cnt[v - 1]
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        k = cap - sizes[i]
+        out[cnt[k]] = i
+        cnt[k] += 1
+    return out
+
+
+@njit(cache=True)
+def csr_by_bin(bin_of, nb):
+    """(offsets int64[nb+1], items int64[n]): items of bin b are items[offsets[b]:offsets[b+1]],
+    in ascending item index (stable counting sort by bin id)."""
+    n = bin_of.shape[0]
+    off = np.zeros(nb + 1, np.int64)
+    for i in range(n):
+        off[bin_of[i] + 1] += 1
+    for b in range(nb):
+        off[b + 1] += off[b]
+    pos = off[:-1].copy()
+    items = np.empty(n, np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        items[pos[b]] = i
+        pos[b] += 1
+    return off, items
+
+
+@njit(cache=True)
+def loads_of(sizes, bin_of, nb):
+    loads = np.zeros(nb, np.int64)
+    for i in range(sizes.shape[0]):
+        loads[bin_of[i]] += sizes[i]
+    return loads
+
+
+# --------------------------------------------------------------------------------------------
+# value tree (bit tree over 0..cap)
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _pow2(x):
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+@njit(cache=True)
+def _vt_set(tree, P, v, flag):
+    i = v + P
+    tree[i] = flag
+    i //= 2
+    while i >= 1:
+        f = tree[2 * i] | tree[2 * i + 1]
+        if tree[i] == f:
+            break
+        tree[i] = f
+        i //= 2
+
+
+@njit(cache=True)
+def _find_ge(tree, P, s):
+    """Smallest non-empty value >= s, or -1."""
+    if s >= P:
+        return -1
+    i = s + P
+    if tree[i]:
+        return s
+    while i > 1:
+        if (i & 1) == 0 and tree[i + 1]:
+            i = i + 1
+            while i < P:
+                i = 2 * i if tree[2 * i] else 2 * i + 1
+            return i - P
+        i //= 2
+    return -1
+
+
+@njit(cache=True)
+def _find_le(tree, P, r):
+    """Largest non-empty value <= r, or -1."""
+    if r < 0:
+        return -1
+    if r >= P:
+        r = P - 1
+    i = r + P
+    if tree[i]:
+        return r
+    while i > 1:
+        if (i & 1) == 1 and tree[i - 1]:
+            i = i - 1
+            while i < P:
+                i = 2 * i + 1 if tree[2 * i + 1] else 2 * i
+            return i - P
+        i //= 2
+    return -1
+
+
+# --------------------------------------------------------------------------------------------
+# next fit / first fit / best fit
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def next_fit(sizes, order, cap):
+    """Concatenative (next fit) in the given order. O(n)."""
+    n = order.shape[0]
+    bin_of = np.empty(sizes.shape[0], np.int64)
+    nb = 0
+    load = cap + 1
+    for k in range(n):
+        i = order[k]
+        s = sizes[i]
+        if load + s > cap:
+            nb += 1
+            load = 0
+        bin_of[i] = nb - 1
+        load += s
+    return bin_of, nb
+
+
+@njit(cache=True)
+def _ff_update(tree, P, b, val):
+    i = b + P
+    tree[i] = val
+    i //= 2
+    while i >= 1:
+        m = tree[2 * i]
+        if tree[2 * i + 1] > m:
+            m = tree[2 * i + 1]
+        if tree[i] == m:
+            break
+        tree[i] = m
+        i //= 2
+
+
+@njit(cache=True)
+def _ff_query(tree, P, s):
+    """Leftmost leaf with value >= s (caller guarantees tree[1] >= s)."""
+    i = 1
+    while i < P:
+        i = 2 * i if tree[2 * i] >= s else 2 * i + 1
+    return i - P
+
+
+@njit(cache=True)
+def first_fit(sizes, order, cap, init_rem):
+    """First fit in the given order over bins in opening order (max tree over bins, O(n log n)).
+
+    ``init_rem`` (int64[k]) pre-opens k bins with those remaining capacities (used by MFFD).
+    Returns (bin_of, nb)."""
+    n = sizes.shape[0]
+    k0 = init_rem.shape[0]
+    P = _pow2(order.shape[0] + k0 + 1)
+    tree = np.empty(2 * P, np.int64)
+    tree[P:] = cap
+    for b in range(k0):
+        tree[P + b] = init_rem[b]
+    for i in range(P - 1, 0, -1):
+        tree[i] = max(tree[2 * i], tree[2 * i + 1])
+    bin_of = np.full(n, -1, np.int64)
+    nb = k0
+    for k in range(order.shape[0]):
+        i = order[k]
+        s = sizes[i]
+        b = _ff_query(tree, P, s)
+        if b >= nb:
+            nb = b + 1
+        bin_of[i] = b
+        _ff_update(tree, P, b, tree[P + b] - s)
+    return bin_of, nb
+
+
+@njit(cache=True)
+def best_fit(sizes, order, cap):
+    """Best fit in the given order: each item goes to the bin whose remaining capacity is the
+    smallest that still fits; ties go to the bin whose remaining capacity reached that value most
+    recently (LIFO bucket). New bin when nothing fits. O(n log cap)."""
+    n = sizes.shape[0]
+    P = _pow2(cap + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    head = np.full(cap + 1, -1, np.int64)
+    m = order.shape[0]
+    nxt = np.empty(m, np.int64)
+    rem = np.empty(m, np.int64)
+    bin_of = np.full(n, -1, np.int64)
+    nb = 0
+    for k in range(m):
+        i = order[k]
+        s = sizes[i]
+        v = _find_ge(tree, P, s)
+        if v < 0:
+            b = nb
+            nb += 1
+            r = cap - s
+        else:
+            b = head[v]
+            head[v] = nxt[b]
+            if head[v] < 0:
+                _vt_set(tree, P, v, 0)
+            r = v - s
+        bin_of[i] = b
+        rem[b] = r
+        if r > 0:
+            if head[r] < 0:
+                _vt_set(tree, P, r, 1)
+            nxt[b] = head[r]
+            head[r] = b
+    return bin_of, nb
+
+
+# --------------------------------------------------------------------------------------------
+# greedy knapsack (LLaMA-Factory) and balanced greedy knapsack
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _item_buckets(sizes, cap):
+    """Per-size LIFO stacks of items (pop order = ascending index) + value tree."""
+    n = sizes.shape[0]
+    P = _pow2(cap + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    head = np.full(cap + 1, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        s = sizes[i]
+        if head[s] < 0:
+            _vt_set(tree, P, s, 1)
+        nxt[i] = head[s]
+        head[s] = i
+    return tree, P, head, nxt
+
+
+@njit(cache=True)
+def greedy_knapsack(sizes, cap):
+    """One bin at a time: repeatedly add the largest remaining item that still fits; close the
+    bin when nothing fits. O(n log cap)."""
+    n = sizes.shape[0]
+    tree, P, head, nxt = _item_buckets(sizes, cap)
+    bin_of = np.full(n, -1, np.int64)
+    nb = 0
+    placed = 0
+    while placed < n:
+        r = cap
+        while True:
+            v = _find_le(tree, P, r)
+            if v <= 0:
+                break
+            i = head[v]
+            head[v] = nxt[i]
+            if head[v] < 0:
+                _vt_set(tree, P, v, 0)
+            bin_of[i] = nb
+            placed += 1
+            r -= v
+        nb += 1
+    return bin_of, nb
+
+
+@njit(cache=True)
+def _heap_push(hk, hb, size, key, b):
+    j = size
+    hk[j] = key
+    hb[j] = b
+    while j > 0:
+        p = (j - 1) // 2
+        if hk[p] < hk[j] or (hk[p] == hk[j] and hb[p] < hb[j]):
+            break
+        hk[p], hk[j] = hk[j], hk[p]
+        hb[p], hb[j] = hb[j], hb[p]
+        j = p
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_sift_down(hk, hb, size, j):
+    while True:
+        l = 2 * j + 1
+        if l >= size:
+            break
+        c = l
+        r = l + 1
+        if r < size and (hk[r] < hk[l] or (hk[r] == hk[l] and hb[r] < hb[l])):
+            c = r
+        if hk[j] < hk[c] or (hk[j] == hk[c] and hb[j] < hb[c]):
+            break
+        hk[c], hk[j] = hk[j], hk[c]
+        hb[c], hb[j] = hb[j], hb[c]
+        j = c
+
+
+@njit(cache=True)
+def balanced_greedy(sizes, order, cap, k0):
+    """Worst fit (LPT) with capacity: k0 bins are opened up front; each item (in ``order``) goes
+    to the least-loaded bin (min-heap, ties to the lower bin id) if it fits there, otherwise
+    (it then fits nowhere) to a new bin. O(n log k)."""
+    n = sizes.shape[0]
+    m = order.shape[0]
+    hk = np.empty(m + k0 + 1, np.int64)
+    hb = np.empty(m + k0 + 1, np.int64)
+    size = 0
+    for b in range(k0):
+        size = _heap_push(hk, hb, size, 0, b)
+    nb = k0
+    bin_of = np.full(n, -1, np.int64)
+    for k in range(m):
+        i = order[k]
+        s = sizes[i]
+        if size > 0 and hk[0] + s <= cap:
+            b = hb[0]
+            bin_of[i] = b
+            hk[0] += s
+            _heap_sift_down(hk, hb, size, 0)
+        else:
+            b = nb
+            nb += 1
+            bin_of[i] = b
+            size = _heap_push(hk, hb, size, s, b)
+    return bin_of, nb
+
+
+# --------------------------------------------------------------------------------------------
+# modified first fit decreasing (Johnson & Garey 1985)
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def mffd(sizes, cap):
+    """Johnson & Garey's MFFD. Classes: A > cap/2, B in (cap/3, cap/2], C in (cap/6, cap/3],
+    rest D. 1) each A item (decreasing) opens its own bin; 2) forward over A-bins: if the
+    smallest remaining B fits, add the largest B that fits; 3) backward over A-bins without a B:
+    if the two smallest remaining C items fit together, add the smallest C and the largest C
+    that fits with it; 4) all remaining items decreasing by first fit over all bins."""
+    n = sizes.shape[0]
+    order = desc_order(sizes, cap)
+    bin_of = np.full(n, -1, np.int64)
+    # A items
+    na = 0
+    for k in range(n):
+        if 2 * sizes[order[k]] > cap:
+            na += 1
+        else:
+            break
+    rem = np.empty(na, np.int64)
+    hasb = np.zeros(na, np.uint8)
+    for a in range(na):
+        i = order[a]
+        bin_of[i] = a
+        rem[a] = cap - sizes[i]
+    P = _pow2(cap + 1)
+    # B multiset
+    tb = np.zeros(2 * P, np.uint8)
+    hbk = np.full(cap + 1, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    tc = np.zeros(2 * P, np.uint8)
+    hck = np.full(cap + 1, -1, np.int64)
+    for k in range(n - 1, na - 1, -1):
+        i = order[k]
+        s = sizes[i]
+        if 3 * s > cap:
+            if hbk[s] < 0:
+                _vt_set(tb, P, s, 1)
+            nxt[i] = hbk[s]
+            hbk[s] = i
+        elif 6 * s > cap:
+            if hck[s] < 0:
+                _vt_set(tc, P, s, 1)
+            nxt[i] = hck[s]
+            hck[s] = i
+    # step 2
+    for a in range(na):
+        smallest = _find_ge(tb, P, 1)
+        if smallest < 0:
+            break
+        if smallest > rem[a]:
+            continue
+        v = _find_le(tb, P, rem[a])
+        i = hbk[v]
+        hbk[v] = nxt[i]
+        if hbk[v] < 0:
+            _vt_set(tb, P, v, 0)
+        bin_of[i] = a
+        rem[a] -= v
+        hasb[a] = 1
+    # step 3
+    for a in range(na - 1, -1, -1):
+        if hasb[a]:
+            continue
+        s1 = _find_ge(tc, P, 1)
+        if s1 < 0:
+            break
+        i1 = hck[s1]
+        # second smallest
+        if nxt[i1] >= 0:
+            s2 = s1
+        else:
+            s2 = _find_ge(tc, P, s1 + 1)
+            if s2 < 0:
+                break
+        if s1 + s2 > rem[a]:
+            continue
+        hck[s1] = nxt[i1]
+        if hck[s1] < 0:
+            _vt_set(tc, P, s1, 0)
+        bin_of[i1] = a
+        rem[a] -= s1
+        v = _find_le(tc, P, rem[a])
+        i2 = hck[v]
+        hck[v] = nxt[i2]
+        if hck[v] < 0:
+            _vt_set(tc, P, v, 0)
+        bin_of[i2] = a
+        rem[a] -= v
+    # step 4: remaining items decreasing, first fit over all bins
+    m = 0
+    for k in range(n):
+        if bin_of[order[k]] < 0:
+            m += 1
+    rest = np.empty(m, np.int64)
+    m = 0
+    for k in range(n):
+        if bin_of[order[k]] < 0:
+            rest[m] = order[k]
+            m += 1
+    b2, nb = first_fit(sizes, rest, cap, rem)
+    for k in range(m):
+        bin_of[rest[k]] = b2[rest[k]]
+    return bin_of, nb
+
+
+# --------------------------------------------------------------------------------------------
+# minimum bin slack (Gupta & Ho 1999), bounded search, for the portfolio
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _first_le(dval, lo, hi, r):
+    """First index in [lo, hi) of the descending array dval with dval[idx] <= r (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if dval[mid] <= r:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True)
+def mbs(sizes, cap, budget):
+    """Minimum Bin Slack (Gupta & Ho 1999), item-oriented variant with a bounded search: each
+    pack starts with the largest remaining item, then a depth-first search over the distinct
+    remaining sizes (largest first, as many copies as fit, then backtracking) keeps the subset
+    with the least slack, stopping at an exact fit or after ``budget`` search steps.
+    O(packs * budget * log n) worst case; fast when there are few distinct sizes."""
+    n = sizes.shape[0]
+    order = desc_order(sizes, cap)
+    nd = 0
+    for k in range(n):
+        if k == 0 or sizes[order[k]] != sizes[order[k - 1]]:
+            nd += 1
+    dval = np.empty(nd, np.int64)
+    ptr = np.empty(nd, np.int64)
+    cnt = np.zeros(nd, np.int64)
+    j = -1
+    for k in range(n):
+        if k == 0 or sizes[order[k]] != sizes[order[k - 1]]:
+            j += 1
+            dval[j] = sizes[order[k]]
+            ptr[j] = k
+        cnt[j] += 1
+    bin_of = np.full(n, -1, np.int64)
+    take = np.zeros(nd, np.int64)
+    stack_d = np.empty(nd + 1, np.int64)
+    best_d = np.empty(nd + 1, np.int64)
+    best_t = np.empty(nd + 1, np.int64)
+    nb = 0
+    first = 0
+    remaining = n
+    while remaining > 0:
+        while cnt[first] == 0:
+            first += 1
+        i = order[ptr[first]]
+        ptr[first] += 1
+        cnt[first] -= 1
+        bin_of[i] = nb
+        remaining -= 1
+        r = cap - dval[first]
+        best_slack = r
+        best_n = 0
+        depth = 0
+        pos = first
+        work = 0
+        while True:
+            d = _first_le(dval, pos, nd, r)
+            while d < nd and r > 0:
+                work += 1
+                if cnt[d] > 0:
+                    t = r // dval[d]
+                    if t > cnt[d]:
+                        t = cnt[d]
+                    take[d] = t
+                    r -= t * dval[d]
+                    stack_d[depth] = d
+                    depth += 1
+                    d = _first_le(dval, d + 1, nd, r)
+                else:
+                    d += 1
+            if r < best_slack:
+                best_slack = r
+                best_n = depth
+                for q in range(depth):
+                    best_d[q] = stack_d[q]
+                    best_t[q] = take[stack_d[q]]
+            if best_slack == 0 or work >= budget or depth == 0:
+                break
+            dd = stack_d[depth - 1]
+            take[dd] -= 1
+            r += dval[dd]
+            if take[dd] == 0:
+                depth -= 1
+            pos = dd + 1
+        for q in range(depth):
+            take[stack_d[q]] = 0
+        for q in range(best_n):
+            dq = best_d[q]
+            for _ in range(best_t[q]):
+                i = order[ptr[dq]]
+                ptr[dq] += 1
+                cnt[dq] -= 1
+                bin_of[i] = nb
+                remaining -= 1
+        nb += 1
+    return bin_of, nb
+
+
+# --------------------------------------------------------------------------------------------
+# leveling repair ("sand")
+# --------------------------------------------------------------------------------------------
+@njit(cache=True)
+def level(sizes, bin_of, nb, cap, tol):
+    """Raise under-full bins by moving small items ("sand") out of fuller bins.
+
+    Floor F = min(max_load - tol, floor(mean load)). Every bin below F receives, largest first,
+    items of size <= max_load - F that sit in bins which stay >= F after giving them, without
+    rising above max_load; so the bin count and max load never change and no bin exceeds cap.
+    Modifies ``bin_of`` in place; returns the number of moved items. O(n + moves * log cap)."""
+    n = sizes.shape[0]
+    if nb <= 1:
+        return 0
+    loads = loads_of(sizes, bin_of, nb)
+    lmax = 0
+    total = 0
+    for b in range(nb):
+        total += loads[b]
+        if loads[b] > lmax:
+            lmax = loads[b]
+    F = lmax - tol
+    mean_floor = total // nb
+    if mean_floor < F:
+        F = mean_floor
+    T = lmax - F
+    if T <= 0:
+        return 0
+    if T > cap:
+        T = cap
+    # receivers
+    nrecv = 0
+    for b in range(nb):
+        if loads[b] < F:
+            nrecv += 1
+    if nrecv == 0:
+        return 0
+    P = _pow2(T + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    head = np.full(T + 1, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        s = sizes[i]
+        if s <= T and loads[bin_of[i]] - s >= F:
+            if head[s] < 0:
+                _vt_set(tree, P, s, 1)
+            nxt[i] = head[s]
+            head[s] = i
+    moved = 0
+    for u in range(nb):
+        if loads[u] >= F:
+            continue
+        while loads[u] < F:
+            v = _find_le(tree, P, lmax - loads[u])
+            if v <= 0:
+                break
+            i = head[v]
+            head[v] = nxt[i]
+            if head[v] < 0:
+                _vt_set(tree, P, v, 0)
+            d = bin_of[i]
+            if d == u or loads[d] - v < F:
+                continue  # donor can no longer afford it (loads only fall): drop candidate
+            bin_of[i] = u
+            loads[d] -= v
+            loads[u] += v
+            moved += 1
+    return moved
