@@ -1,0 +1,354 @@
+"""``PackingConfig``: every setting that decides how sequences are packed, in one pydantic model.
+
+Field names are the ones Megatron-Core / Megatron-Bridge / HF users already know
+(``seq_length``, ``micro_batch_size``, ``context_parallel_size``, ``calculate_per_token_loss`` ...);
+a few common spellings from other stacks are accepted as aliases on input (``pad_seq_to_mult``,
+``packed_sequence_size``, ``enable_cuda_graph``, ``packed_metadata``). Construction checks types and
+ranges; :meth:`PackingConfig.validate` checks the cross-key rules and raises ONE
+:class:`~seqpack.config.errors.ConfigValidationError` listing every violation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from seqpack.config.errors import ConfigValidationError, Violation
+from seqpack.padding import compute_pad_multiple
+
+try:  # the enum is the source of truth for algorithm names
+    from seqpack.algorithms import DEFAULT_ALGORITHM as _DEFAULT_ALGO
+    from seqpack.algorithms import PackingAlgorithm as _PackingAlgorithm
+
+    ALGORITHM_VALUES: tuple[str, ...] = tuple(a.value for a in _PackingAlgorithm)
+    DEFAULT_ALGORITHM_VALUE: str = getattr(_DEFAULT_ALGO, "value", str(_DEFAULT_ALGO))
+except ImportError:  # pragma: no cover - only while seqpack.algorithms is being written
+    ALGORITHM_VALUES = (
+        "concatenative",
+        "first_fit_decreasing",
+        "first_fit_shuffle",
+        "best_fit_decreasing",
+        "modified_first_fit_decreasing",
+        "greedy_knapsack",
+        "balanced_greedy_knapsack",
+    )
+    DEFAULT_ALGORITHM_VALUE = "first_fit_decreasing"
+
+__all__ = ["AttentionBackend", "PackingConfig", "PackingMode", "ALGORITHM_VALUES"]
+
+
+class PackingMode(str, Enum):
+    """Where packing happens.
+
+    - ``offline``: packed once ahead of training and stored (``seqpack pack``; Megatron-Bridge
+      ``packed_sequence``); one packed row per micro-batch.
+    - ``in_batch``: the collator packs the ``micro_batch_size`` samples of each micro-batch into THD
+      (Megatron-Bridge ``pack_sequences_in_batch``, HF padding-free collators).
+    - ``streaming``: a buffered producer packs on the fly (``seqpack.stream``).
+    - ``none``: one sample per row, padded.
+    """
+
+    OFFLINE = "offline"
+    IN_BATCH = "in_batch"
+    STREAMING = "streaming"
+    NONE = "none"
+
+
+class AttentionBackend(str, Enum):
+    """Attention implementation; its boundary support is registry data (``attention_backends``)."""
+
+    TE = "te"
+    FLASH = "flash"
+    SDPA = "sdpa"
+    EAGER = "eager"
+    FLEX = "flex"
+    LOCAL = "local"
+
+
+def _alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class PackingConfig(BaseModel):
+    """Packing settings plus the parallel/loss/model settings that constrain them.
+
+    Lengths are in tokens. Defaults follow Megatron-Core where a field comes from there
+    (``calculate_per_token_loss=False``, ``average_in_collective=True``), so a config that only
+    works with non-default loss settings says so at validation time.
+
+    Raises (on construction or assignment):
+        pydantic.ValidationError: wrong type or out-of-range value; unknown key. Use the
+            ``from_*`` loaders to get a :class:`ConfigValidationError` instead.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, use_enum_values=False
+    )
+
+    # --- recipe metadata (ignored by the rules) ---
+    recipe: str | None = Field(None, description="Recipe name when the config comes from a recipe.")
+    description: str | None = Field(None, description="Free text describing the config.")
+
+    # --- packing ---
+    packing: PackingMode = Field(
+        PackingMode.OFFLINE, validation_alias=_alias("packing", "packing_mode"),
+        description="offline | in_batch | streaming | none",
+    )
+    seq_length: int = Field(
+        4096, ge=1, validation_alias=_alias("seq_length", "capacity", "packed_sequence_size"),
+        description="Pack capacity T in tokens (row width).",
+    )
+    pad_to_multiple_of: int = Field(
+        1, ge=1, validation_alias=_alias("pad_to_multiple_of", "pad_seq_to_mult"),
+        description="User multiple every segment is padded to; combined with CP/TP by compute_pad_multiple.",
+    )
+    pad_to_max_length: bool = Field(False, description="Pad every row to exactly seq_length (static shapes).")
+    pad_cu_seqlens: bool = Field(
+        False, description="Pad cu_seqlens to a fixed number of entries (static shapes for CUDA graphs)."
+    )
+    algorithm: str = Field(DEFAULT_ALGORITHM_VALUE, description="A seqpack.algorithms.PackingAlgorithm value.")
+    packing_buffer_size: int | None = Field(None, ge=1, description="Samples buffered per streaming round.")
+    planner_pad_multiple: int | None = Field(
+        None, ge=1,
+        description="Pad multiple the bin planner assumes, if set separately; must equal effective_pad_multiple (B24).",
+    )
+    packed_dataset_path: str | None = Field(None, description="Offline packed dataset directory (seqpack.io).")
+    packed_metadata_path: str | None = Field(
+        None, validation_alias=_alias("packed_metadata_path", "packed_metadata"),
+        description="Metadata JSON of the packed dataset (needed by pad_cu_seqlens).",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer name/path the data is tokenized with.")
+
+    # --- batching ---
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1, description="DP world size, if known at setup.")
+    dynamic_batching: bool = Field(False, description="Token-budget (dynamic) micro-batches.")
+    flatten_micro_batch: bool = Field(
+        False, description="Flatten [B, T] in-batch packs into one [1, B*T] THD row with offset boundaries."
+    )
+
+    # --- parallelism ---
+    context_parallel_size: int = Field(1, ge=1)
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+
+    # --- loss ---
+    finetuning: bool = Field(True, description="Fine-tuning (SFT) rather than pre-training.")
+    calculate_per_token_loss: bool = Field(False, description="Megatron-Core: normalise by the global token count.")
+    average_in_collective: bool = Field(True, description="Megatron-Core DDP: average (not sum) in the collective.")
+    fuse_loss: bool = Field(False, description="Fused (per-token) cross-entropy.")
+
+    # --- model ---
+    model_family: str | None = Field(None, description="Registry key or alias (seqpack.config.list_families()).")
+    multimodal: bool | None = Field(None, description="Override the registry's modality (None = from model_family).")
+    attention_backend: AttentionBackend = AttentionBackend.TE
+    attention_varlen: bool | None = Field(
+        None, description="Override: the attention path takes segment boundaries under CP (None = from registry)."
+    )
+    linear_attention_varlen: bool | None = Field(
+        None,
+        description="The model's linear-attention/SSM kernels (gated delta net, Mamba2) take cu_seqlens/seq_idx.",
+    )
+    mtp_num_layers: int = Field(0, ge=0)
+    mtp_ready_packing: bool = Field(False, description="Use seqpack.mtp.roll_packed (per-segment MTP roll).")
+    num_moe_experts: int | None = Field(None, ge=1)
+    moe_router_enable_expert_bias: bool = False
+    moe_aux_loss_coeff: float = Field(0.0, ge=0.0)
+    produce_padding_mask: bool = Field(False, description="Emit padding_mask (True = pad) for the MoE router.")
+    cuda_graphs: bool = Field(False, validation_alias=_alias("cuda_graphs", "enable_cuda_graph"))
+    fp8: str | None = Field(None, description="FP8 recipe/format (e.g. 'hybrid', 'e4m3'); None = off.")
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _check_algorithm(cls, v: Any) -> str:
+        v = getattr(v, "value", v)
+        if not isinstance(v, str) or v not in ALGORITHM_VALUES:
+            close = difflib.get_close_matches(str(v), ALGORITHM_VALUES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown packing algorithm {v!r}{hint}; choose one of {', '.join(ALGORITHM_VALUES)}")
+        return v
+
+    @field_validator("fp8", mode="before")
+    @classmethod
+    def _norm_fp8(cls, v: Any) -> str | None:
+        if v is None or v is False or (isinstance(v, str) and v.lower() in ("", "none", "false", "off")):
+            return None
+        if v is True:
+            return "e4m3"
+        return str(v)
+
+    @field_validator("mtp_num_layers", mode="before")
+    @classmethod
+    def _none_is_zero(cls, v: Any) -> Any:
+        return 0 if v is None else v
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def effective_pad_multiple(self) -> int:
+        """Multiple every packed segment is padded to: :func:`seqpack.padding.compute_pad_multiple`
+        of ``pad_to_multiple_of``, ``context_parallel_size``, ``tensor_model_parallel_size`` and
+        ``sequence_parallel``. The planner and the row builder both take this one integer (B24)."""
+        return compute_pad_multiple(
+            self.pad_to_multiple_of,
+            self.context_parallel_size,
+            self.tensor_model_parallel_size,
+            self.sequence_parallel,
+        )
+
+    @property
+    def family(self):
+        """The registry :class:`~seqpack.config.registry.ModelFamily`, or None (no/unknown family)."""
+        if self.model_family is None:
+            return None
+        from seqpack.config.registry import load_registry
+
+        return load_registry().resolve(self.model_family)
+
+    @property
+    def is_multimodal(self) -> bool:
+        """``multimodal`` if set, else the registry family's modality, else False (text)."""
+        if self.multimodal is not None:
+            return self.multimodal
+        fam = self.family
+        return bool(fam and fam.is_multimodal)
+
+    def packed_data_expectations(self) -> dict[str, Any]:
+        """Settings a stored packed dataset must have been built with, for
+        ``seqpack.io.load_packed(path, expect=cfg.packed_data_expectations())`` (case B23).
+
+        Returns:
+            dict with ``capacity`` (= ``seq_length``), ``pad_to_multiple_of`` (the user multiple),
+            ``effective_pad_multiple``, ``context_parallel_size``, ``algorithm`` and, when set,
+            ``tokenizer``. Keys are names ``load_packed`` accepts; the comparison itself is io's.
+        """
+        exp: dict[str, Any] = {
+            "capacity": self.seq_length,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "effective_pad_multiple": self.effective_pad_multiple,
+            "context_parallel_size": self.context_parallel_size,
+            "algorithm": self.algorithm,
+        }
+        if self.tokenizer is not None:
+            exp["tokenizer"] = self.tokenizer
+        return exp
+
+    # ------------------------------------------------------------------ validation
+    def violations(self) -> list[Violation]:
+        """Run every rule (:data:`seqpack.config.rules.RULES`) and return all violations (empty = valid)."""
+        from seqpack.config.rules import run_rules
+
+        return run_rules(self)
+
+    def validate(self, *, source: str | None = None) -> "PackingConfig":  # type: ignore[override]
+        """Check every cross-key rule at once.
+
+        Returns:
+            self, so ``cfg = PackingConfig.from_file(p).validate()`` reads naturally.
+
+        Raises:
+            ConfigValidationError: one error listing every violation (keys, problem, fix).
+        """
+        found = self.violations()
+        if found:
+            raise ConfigValidationError(found, source=source)
+        return self
+
+    # ------------------------------------------------------------------ I/O
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> "PackingConfig":
+        """Build from a mapping; schema problems become one :class:`ConfigValidationError`.
+
+        Raises:
+            ConfigValidationError: unknown keys (with a did-you-mean), wrong types or ranges.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigValidationError(
+                [Violation("schema", ("<root>",), f"expected a mapping of config keys, got {type(data).__name__}",
+                           "write the config as `key: value` pairs (see `seqpack recipe qwen3_sft`)")],
+                source=source,
+            )
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise ConfigValidationError(_schema_violations(e), source=source) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "PackingConfig":
+        """Load a YAML file (a flat mapping of config keys). Raises ConfigValidationError."""
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ConfigValidationError(
+                [Violation("parse", ("<file>",), f"not valid YAML: {e}", "fix the YAML syntax at the line shown")],
+                source=str(p),
+            ) from None
+        return cls.from_dict(data if data is not None else {}, source=str(p))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "PackingConfig":
+        """Load a JSON file (an object of config keys). Raises ConfigValidationError."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ConfigValidationError(
+                [Violation("parse", ("<file>",), f"not valid JSON: {e}", "fix the JSON syntax at the line shown")],
+                source=str(p),
+            ) from None
+        return cls.from_dict(data, source=str(p))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "PackingConfig":
+        """Load ``.yaml``/``.yml`` or ``.json`` by suffix.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ConfigValidationError: unsupported suffix, parse or schema problems.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file not found: {p}")
+        suffix = p.suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            return cls.from_yaml(p)
+        if suffix == ".json":
+            return cls.from_json(p)
+        raise ConfigValidationError(
+            [Violation("parse", ("<file>",), f"unsupported config file type {suffix!r}",
+                       "use a .yaml, .yml or .json file")],
+            source=str(p),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with enum values as strings (round-trips through :meth:`from_dict`)."""
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        """YAML text of :meth:`to_dict`, keys in field order."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _schema_violations(err: ValidationError) -> list[Violation]:
+    fields = list(PackingConfig.model_fields)
+    out = []
+    for e in err.errors():
+        key = ".".join(str(x) for x in e.get("loc", ())) or "<root>"
+        if e.get("type") == "extra_forbidden":
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+            fix = f"did you mean {close[0]!r}?" if close else "remove it; `seqpack recipe qwen3_sft` shows the known keys"
+            out.append(Violation("schema", (key,), f"unknown config key {key!r}", fix))
+        else:
+            msg = e.get("msg", "invalid value")
+            out.append(Violation("schema", (key,), f"{msg} (got {e.get('input')!r})",
+                                 f"give {key} a valid value"))
+    return out
