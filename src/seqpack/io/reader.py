@@ -198,8 +198,8 @@ class PackedDataset:
         return PackedSequence.from_boundaries(
             c["input_ids"],
             c["labels"],
-            c["cu_seqlens"],
-            c["cu_seqlens_padded"],
+            np.array(c["cu_seqlens"]),  # small: writable copies (torch.from_numpy warns on read-only maps)
+            np.array(c["cu_seqlens_padded"]),
             sample_ids=c["sample_ids"],
             extra={
                 "pad_to_multiple_of": m.effective_pad_multiple,
