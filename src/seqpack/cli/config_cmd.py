@@ -1,2 +1,104 @@
-"""`seqpack validate`, `seqpack recipe` (OWNER: config helper)."""
-from seqpack.cli.app import app  # noqa: F401
+"""`seqpack validate CONFIG` and `seqpack recipe [NAME]` (setup-time config checks and presets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from seqpack.cli.app import app
+
+
+def _console() -> Console:
+    # Wide enough that key names never wrap mid-word in CI logs; soft_wrap off keeps tables intact.
+    return Console(width=max(120, Console().width), highlight=False)
+
+
+@app.command("validate")
+def validate_cmd(
+    config: Path = typer.Argument(..., help="Packing config (.yaml/.yml/.json) or a recipe name."),
+    output_format: str = typer.Option("table", "--format", "-f", help="table | json"),
+) -> None:
+    """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
+
+    CONFIG may also be a recipe name (see `seqpack recipe`).
+    """
+    from seqpack.config import ConfigValidationError, PackingConfig, list_recipes, load_recipe
+
+    console = _console()
+    if output_format not in ("table", "json"):
+        console.print(f"[red]--format must be 'table' or 'json', got {output_format!r}[/red]")
+        raise typer.Exit(2)
+    source = str(config)
+    try:
+        if not config.exists() and str(config) in list_recipes():
+            cfg = load_recipe(str(config))
+            source = f"recipe {config}"
+        else:
+            cfg = PackingConfig.from_file(config)
+        violations = cfg.violations()
+    except FileNotFoundError as e:
+        console.print(f"[red]{e}[/red] (recipes: {', '.join(list_recipes())})")
+        raise typer.Exit(1)
+    except ConfigValidationError as e:
+        cfg, violations = None, e.violations
+
+    if output_format == "json":
+        typer.echo(json.dumps({"source": source, "valid": not violations,
+                               "effective_pad_multiple": cfg.effective_pad_multiple if cfg else None,
+                               "violations": [v.to_dict() for v in violations]}, indent=2))
+        raise typer.Exit(0 if not violations else 1)
+
+    if not violations:
+        console.print(
+            f"[green]OK[/green] {source}: packing={cfg.packing.value}, seq_length={cfg.seq_length}, "
+            f"effective_pad_multiple={cfg.effective_pad_multiple}, micro_batch_size={cfg.micro_batch_size}, "
+            f"context_parallel_size={cfg.context_parallel_size}"
+            + (f", model_family={cfg.model_family}" if cfg.model_family else "")
+        )
+        raise typer.Exit(0)
+
+    table = Table(title=f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}",
+                  show_lines=True, expand=True)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("rule", no_wrap=True)
+    table.add_column("keys", overflow="fold")
+    table.add_column("problem", ratio=3, overflow="fold")
+    table.add_column("fix", ratio=2, overflow="fold")
+    for i, v in enumerate(violations, 1):
+        rule = v.rule + (f"\n(case {v.case})" if v.case else "")
+        table.add_row(str(i), rule, "\n".join(v.keys), v.problem, v.fix)
+    console.print(table)
+    raise typer.Exit(1)
+
+
+@app.command("recipe")
+def recipe_cmd(
+    name: Optional[str] = typer.Argument(None, help="Recipe name; omit to list the recipes."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the YAML to this file."),
+) -> None:
+    """Print a recipe's YAML (a validated PackingConfig preset), or list the recipes."""
+    from seqpack.config import list_recipes, recipe_descriptions, recipe_text
+
+    console = _console()
+    if name is None:
+        table = Table(title="seqpack recipes (seqpack recipe NAME prints one)")
+        table.add_column("name", no_wrap=True)
+        table.add_column("description")
+        for n, d in recipe_descriptions().items():
+            table.add_row(n, d)
+        console.print(table)
+        return
+    if name not in list_recipes():
+        console.print(f"[red]unknown recipe {name!r}[/red]; known: {', '.join(list_recipes())}")
+        raise typer.Exit(1)
+    text = recipe_text(name)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        console.print(f"wrote {output}")
+        return
+    typer.echo(text, nl=False)
