@@ -1,0 +1,111 @@
+"""Canonical THD batch dict shared by the collators, adapters, ``seqpack.hf`` and ``seqpack.loss``.
+
+A *batch* here is a ``dict[str, torch.Tensor | int]`` holding ONE THD row (several packs are
+flattened into it with offset boundaries, see ``seqpack.collate``):
+
+=====================  =======  ========  ==========================================================
+key                    dtype    shape     meaning (``packed-batch-spec.md``)
+=====================  =======  ========  ==========================================================
+``input_ids``          int64    [1, T]    tokens; padding slots hold ``pad_token_id``
+``labels``             int64    [1, T]    shifted per segment, -100 = no target
+``loss_mask``          bool     [1, T]    ``labels != -100``
+``position_ids``       int64    [1, T]    restart at 0 per segment, count on through its padding
+``padding_mask``       bool     [1, T]    True = padding (Megatron-Core polarity)
+``seq_idx``            int32    [1, T]    segment index of every slot (padding -> its segment)
+``cu_seqlens``         int32    [N+1]     logical (real-token) boundaries
+``cu_seqlens_padded``  int32    [N+1]     physical boundaries, last == T
+``max_seqlen``         int      scalar    ``max(diff(cu_seqlens_padded))``
+``num_segments``       int      scalar    N
+=====================  =======  ========  ==========================================================
+
+:func:`as_batch` turns a :class:`seqpack.packed.PackedSequence` (numpy) or a dict into this form.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "seq_idx")
+_TOKEN_DTYPES = {
+    "input_ids": "int64",
+    "labels": "int64",
+    "loss_mask": "bool",
+    "position_ids": "int64",
+    "padding_mask": "bool",
+    "seq_idx": "int32",
+}
+
+
+def as_batch(packed: Any) -> dict[str, Any]:
+    """Return the canonical THD batch dict (module docstring) for ``packed``.
+
+    Args:
+        packed: a ``PackedSequence`` (numpy fields, one row ``[T]``), or a mapping with at least
+            ``input_ids`` ``[T]`` or ``[1, T]`` and ``cu_seqlens`` / ``cu_seqlens_padded``.
+            Missing derived fields (``padding_mask``, ``seq_idx``, ``loss_mask``, ``max_seqlen``,
+            ``num_segments``) are rebuilt from the two boundary arrays, never from token values.
+
+    Returns:
+        dict of torch tensors as in the module table (a new dict; tensors may share memory).
+
+    Raises:
+        KeyError: when the boundary arrays are missing (lengths are never inferred from tokens).
+        ValueError: when a per-token field is not one row (``[T]`` or ``[1, T]``).
+    """
+    import torch
+
+    if isinstance(packed, Mapping):
+        src = dict(packed)
+    else:
+        src = {k: getattr(packed, k) for k in (*TOKEN_KEYS, "cu_seqlens", "cu_seqlens_padded", "max_seqlen")
+               if hasattr(packed, k)}
+        n = getattr(packed, "num_segments", 0)
+        if n:
+            src["num_segments"] = n
+    for key in ("cu_seqlens", "cu_seqlens_padded"):
+        if key not in src or src[key] is None:
+            raise KeyError(
+                f"packed batch has no {key!r}: boundaries must travel with the tokens (they are never "
+                "inferred from position_ids or pad ids); build it with seqpack.collate or seqpack.packed"
+            )
+    out: dict[str, Any] = {}
+    for key in ("cu_seqlens", "cu_seqlens_padded"):
+        v = src[key]
+        v = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
+        out[key] = v.reshape(-1).to(torch.int32)
+    cu = out["cu_seqlens"]
+    cup = out["cu_seqlens_padded"]
+    n = int(src.get("num_segments") or (cup.numel() - 1))
+    if n < cup.numel() - 1:  # static-shape padded boundary arrays: trim to the true N (B19)
+        cu, cup = cu[: n + 1], cup[: n + 1]
+        out["cu_seqlens"], out["cu_seqlens_padded"] = cu, cup
+    T = int(cup[-1])
+    for key in TOKEN_KEYS:
+        if key not in src or src[key] is None:
+            continue
+        v = src[key]
+        v = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+        if v.dim() == 1:
+            v = v.unsqueeze(0)
+        if v.dim() != 2 or v.shape[0] != 1:
+            raise ValueError(f"{key} must be one THD row [T] or [1, T], got shape {tuple(v.shape)}")
+        out[key] = v.to(getattr(torch, _TOKEN_DTYPES[key]))
+    if "input_ids" in out and out["input_ids"].shape[1] != T:
+        raise ValueError(f"input_ids has {out['input_ids'].shape[1]} slots but cu_seqlens_padded[-1] = {T}")
+    if "seq_idx" not in out or "padding_mask" not in out:
+        seg_len = (cup[1:] - cup[:-1]).to(torch.int64)
+        seq_idx = torch.repeat_interleave(torch.arange(n, dtype=torch.int32), seg_len)
+        pos = torch.arange(T, dtype=torch.int64) - cup[:-1].to(torch.int64).repeat_interleave(seg_len)
+        real = (cu[1:] - cu[:-1]).to(torch.int64).repeat_interleave(seg_len)
+        out.setdefault("seq_idx", seq_idx.unsqueeze(0))
+        out.setdefault("padding_mask", (pos >= real).unsqueeze(0))
+        out.setdefault("position_ids", pos.unsqueeze(0))
+    if "labels" in out and "loss_mask" not in out:
+        out["loss_mask"] = out["labels"] != -100
+    out["max_seqlen"] = int(src["max_seqlen"]) if src.get("max_seqlen") is not None else int(
+        (cup[1:] - cup[:-1]).max()
+    )
+    out["num_segments"] = n
+    return out

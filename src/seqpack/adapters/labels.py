@@ -1,0 +1,119 @@
+"""Label conventions: our per-segment shifted labels <-> HF unshifted labels, and
+``transformers.DataCollatorWithFlattening`` output -> the canonical row."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ._batch import as_batch
+
+IGNORE_INDEX = -100
+
+__all__ = ["hf_unshifted_labels", "shifted_from_hf_labels", "from_hf_flattening"]
+
+
+def hf_unshifted_labels(labels, cu_seqlens_padded):
+    """HF-style unshifted labels from our shifted labels (HF causal-LM losses shift internally).
+
+    ``hf[t] = labels[t-1]`` inside each physical segment and ``hf[start] = -100`` at every segment's
+    first slot, so after HF's internal shift the logit at ``t`` is trained on ``labels[t]`` and never
+    on the next segment's first token (case B03).
+
+    Args:
+        labels: int ``[T]`` or ``[B, T]`` shifted labels (``packed-batch-spec.md``).
+        cu_seqlens_padded: int ``[N+1]`` physical boundaries over the last dim.
+
+    Returns:
+        int64 tensor of the same shape.
+
+    Raises:
+        ValueError: if a segment's last *physical* slot carries a target (an explicit final target
+            with no padding slot after it, case B12): HF's unshifted form cannot hold it. Use the
+            shifted labels with ``seqpack.loss`` or the ``shift_labels`` key of ``format="hf"``.
+    """
+    import torch
+
+    lab = torch.as_tensor(labels).to(torch.int64)
+    cup = torch.as_tensor(cu_seqlens_padded).reshape(-1).to(torch.int64)
+    last = cup[1:] - 1
+    lost = lab[..., last] != IGNORE_INDEX
+    if bool(lost.any()):
+        seg = int(lost.nonzero()[0, -1])
+        raise ValueError(
+            f"segment {seg} has a target at its last physical slot {int(last[seg])}; HF unshifted labels "
+            "cannot represent it. Pass pad_to_multiple_of > 1 (leaves a padding slot) or use the shifted "
+            "'labels' with seqpack.loss / the 'shift_labels' key."
+        )
+    hf = torch.roll(lab, 1, dims=-1)
+    hf[..., cup[:-1]] = IGNORE_INDEX
+    return hf
+
+
+def shifted_from_hf_labels(hf_labels, cu_seqlens_padded):
+    """Inverse of :func:`hf_unshifted_labels`: ``labels[t] = hf[t+1]`` inside a segment, -100 at its last slot.
+
+    Args:
+        hf_labels: int ``[T]`` or ``[B, T]`` unshifted labels.
+        cu_seqlens_padded: int ``[N+1]`` physical boundaries over the last dim.
+
+    Returns:
+        int64 tensor of the same shape.
+    """
+    import torch
+
+    hf = torch.as_tensor(hf_labels).to(torch.int64)
+    cup = torch.as_tensor(cu_seqlens_padded).reshape(-1).to(torch.int64)
+    out = torch.roll(hf, -1, dims=-1)
+    out[..., cup[1:] - 1] = IGNORE_INDEX
+    return out
+
+
+def from_hf_flattening(batch: Mapping[str, Any], *, position_ids_start: int = 0) -> dict[str, Any]:
+    """Convert ``transformers.DataCollatorWithFlattening`` output to the canonical THD batch dict.
+
+    Boundaries come from, in order: ``cu_seq_lens_q`` (``return_flash_attn_kwargs=True``), ``seq_idx``
+    (``return_seq_idx=True``), else the restarts of ``position_ids`` (== ``position_ids_start``).
+    That collator adds no padding, so ``cu_seqlens == cu_seqlens_padded``.
+
+    Args:
+        batch: dict with ``input_ids`` ``[1, T]``, optional ``labels`` ``[1, T]`` (unshifted, separator
+            -100 at each sequence start) and the boundary source above.
+        position_ids_start: the collator's ``position_ids_start``.
+
+    Returns:
+        canonical batch dict (``seqpack.adapters._batch``) with our per-segment shifted ``labels``.
+
+    Raises:
+        KeyError: when no boundary source is present.
+        ValueError: when the input is not one row.
+    """
+    import torch
+
+    ids = torch.as_tensor(batch["input_ids"])
+    if ids.dim() == 2 and ids.shape[0] != 1 or ids.dim() > 2:
+        raise ValueError(f"DataCollatorWithFlattening output is one row [1, T]; got input_ids {tuple(ids.shape)}")
+    ids = ids.reshape(-1).to(torch.int64)
+    T = ids.shape[0]
+    if batch.get("cu_seq_lens_q") is not None:
+        cu = torch.as_tensor(batch["cu_seq_lens_q"]).reshape(-1).to(torch.int32)
+    elif batch.get("seq_idx") is not None:
+        s = torch.as_tensor(batch["seq_idx"]).reshape(-1)
+        starts = torch.nonzero(torch.diff(s, prepend=s[:1] - 1) != 0).reshape(-1)
+        cu = torch.cat([starts, torch.tensor([T])]).to(torch.int32)
+    elif batch.get("position_ids") is not None:
+        p = torch.as_tensor(batch["position_ids"]).reshape(-1)
+        starts = torch.nonzero(p == position_ids_start).reshape(-1)
+        if starts.numel() == 0 or int(starts[0]) != 0:
+            raise ValueError("position_ids do not start a sequence at slot 0; pass position_ids_start")
+        cu = torch.cat([starts, torch.tensor([T])]).to(torch.int32)
+    else:
+        raise KeyError(
+            "DataCollatorWithFlattening output has no boundaries: build it with return_flash_attn_kwargs=True, "
+            "return_seq_idx=True or return_position_ids=True"
+        )
+    out: dict[str, Any] = {"input_ids": ids, "cu_seqlens": cu, "cu_seqlens_padded": cu.clone()}
+    if batch.get("labels") is not None:
+        out["labels"] = shifted_from_hf_labels(torch.as_tensor(batch["labels"]).reshape(-1), cu)
+    else:
+        out["labels"] = torch.full((T,), IGNORE_INDEX, dtype=torch.int64)
+    return as_batch(out)

@@ -1,0 +1,163 @@
+"""Run any HF causal LM on a packed THD row so segments never attend to each other.
+
+What transformers 5.x does with packed ``position_ids`` alone (``transformers/masking_utils.py``,
+``_preprocess_mask_arguments``): it infers segments from position restarts **only when**
+``attention_mask is None`` **and** ``cache is None``. Both conditions fail in ordinary training:
+
+- HF ``Trainer`` / most collators pass a 2-D all-ones ``attention_mask`` -> plain causal mask over the
+  whole row (case B01);
+- the model's default config has ``use_cache=True``, so ``Qwen3Model.forward`` (and Llama, Mixtral,
+  Qwen3-MoE, ...) creates a ``DynamicCache`` even in train mode unless gradient checkpointing is on
+  -> inference is skipped and segments cross-attend silently (measured on a random-init Qwen3 in
+  ``tests/test_hf.py::test_B01_position_ids_alone_leak_with_default_config``).
+
+So seqpack never relies on inference. :func:`packed_forward` (and ``format="hf"`` of the
+collators, for ``Trainer``) passes the boundaries explicitly, by attention implementation:
+
+=====================  =================================================================
+``sdpa``               4-D bool ``attention_mask`` ``[1, 1, T, T]`` (True = attend)
+``eager``              4-D additive float mask (0 / ``finfo.min``) in the model's dtype
+``flex_attention``     FlexAttention ``BlockMask`` (forward only on CPU)
+``flash_attention_2``  ``cu_seq_lens_q/k`` (physical boundaries) + ``max_length_q/k``, no mask
+=====================  =================================================================
+
+A 4-D mask is used by ``masking_utils`` exactly as given (early exit), whatever the cache or config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from seqpack.collate import HF_ATTN, to_hf_inputs
+
+__all__ = ["PackedAttentionError", "packed_forward", "check_hf_inputs", "install_packing_guard", "hf_inputs"]
+
+
+class PackedAttentionError(ValueError):
+    """Inputs that would let packed segments attend to each other (message says what to do)."""
+
+
+_FIX = (
+    "Use seqpack.hf.packed_forward(model, batch) with a seqpack THD batch, or a seqpack collator with "
+    "format='hf', attn_implementation=model.config._attn_implementation, which pass an explicit 4-D "
+    "block-diagonal mask (sdpa/eager), a BlockMask (flex) or cu_seq_lens_q/k (flash_attention_2)."
+)
+
+
+def _has_restarts(position_ids) -> bool:
+    p = torch.as_tensor(position_ids)
+    if p.dim() == 1:
+        p = p.unsqueeze(0)
+    if p.shape[-1] < 2:
+        return False
+    return bool((torch.diff(p, dim=-1) != 1).any())
+
+
+def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | None = None) -> None:
+    """Refuse HF forward kwargs under which packed segments would cross-attend.
+
+    Refused (``PackedAttentionError``):
+
+    - ``position_ids`` restart inside a row (packed) next to a 2-D ``attention_mask`` (case B01:
+      transformers then builds a plain causal mask over the whole row);
+    - packed ``position_ids`` with no mask and no ``cu_seq_lens_q`` (boundaries left to HF's
+      inference, which is off whenever a cache exists, e.g. default ``use_cache=True``), unless the
+      call explicitly sets ``use_cache=False`` and passes no cache.
+    - a flash implementation given a 4-D mask but no ``cu_seq_lens_q`` (flash ignores 4-D masks).
+
+    Args:
+        inputs: the keyword arguments of ``model.forward``.
+        attn_implementation: ``model.config._attn_implementation`` when known.
+    """
+    pos = inputs.get("position_ids")
+    if pos is None or not _has_restarts(pos):
+        return
+    mask = inputs.get("attention_mask")
+    has_cu = inputs.get("cu_seq_lens_q") is not None
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        raise PackedAttentionError(
+            f"packed position_ids (restarting inside a row) together with a 2-D attention_mask of shape "
+            f"{tuple(mask.shape)}: transformers ignores the restarts then and every token attends to earlier "
+            f"packed samples (B01). Drop the 2-D mask. {_FIX}"
+        )
+    if attn_implementation and attn_implementation.startswith("flash") and not has_cu:
+        raise PackedAttentionError(
+            f"attn_implementation={attn_implementation!r} with packed position_ids but no cu_seq_lens_q: "
+            f"pass the varlen boundaries. {_FIX}"
+        )
+    if mask is None and not has_cu:
+        if inputs.get("use_cache") is False and inputs.get("cache") is None and inputs.get("past_key_values") is None:
+            return
+        raise PackedAttentionError(
+            "packed position_ids with attention_mask=None and no cu_seq_lens_q: transformers infers the "
+            "segments only when no cache exists, but the default config (use_cache=True) creates one in train "
+            f"mode, so segments cross-attend. {_FIX}"
+        )
+
+
+def _guard_hook(module, args, kwargs):
+    check_hf_inputs(kwargs, attn_implementation=getattr(module.config, "_attn_implementation", None))
+    return None
+
+
+def install_packing_guard(model: torch.nn.Module):
+    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`).
+
+    Registers a forward pre-hook (``with_kwargs=True``) on ``model``; returns the hook handle
+    (``handle.remove()`` undoes it). Useful around third-party trainers and collators.
+    """
+    return model.register_forward_pre_hook(_guard_hook, with_kwargs=True)
+
+
+def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
+    for p in model.parameters():
+        return p.device, (p.dtype if p.is_floating_point() else torch.float32)
+    return torch.device("cpu"), torch.float32
+
+
+def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The forward kwargs :func:`packed_forward` passes (see ``seqpack.collate.to_hf_inputs``), on the model's device."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in HF_ATTN:
+        raise ValueError(f"packed_forward supports attn_implementation in {HF_ATTN}; model has {impl!r}")
+    device, dtype = _model_device_dtype(model)
+    return to_hf_inputs(batch, impl, mask_dtype=dtype, device=device)
+
+
+def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True, **kwargs):
+    """Run an HF causal LM on one packed THD row; segments stay independent and positions restart.
+
+    Works with the model as loaded (default config, train or eval mode), for ``attn_implementation``
+    ``sdpa``, ``eager``, ``flex_attention`` (forward only on CPU) and ``flash_attention_2/3`` (GPU).
+
+    Args:
+        model: a ``transformers`` causal LM (``AutoModelForCausalLM``).
+        batch: canonical THD batch (``format="thd"`` output of a seqpack collator,
+            ``PackedSequence.to_torch()`` or a ``PackedSequence``); must carry ``cu_seqlens`` and
+            ``cu_seqlens_padded``. A batch carrying a 2-D ``attention_mask`` is refused (B01).
+        compute_loss: pass the labels so ``outputs.loss`` is the token-mean cross entropy over this
+            row's loss tokens (HF ``ForCausalLMLoss`` on our shifted labels). For global token
+            normalisation across micro-batches use ``seqpack.loss`` on ``outputs.logits``.
+        **kwargs: forwarded to ``model(...)`` (e.g. ``output_router_logits=True``).
+
+    Returns:
+        the model output; ``logits`` is ``[1, T, V]`` (values at padding slots are meaningless).
+
+    Raises:
+        PackedAttentionError: the batch has a 2-D ``attention_mask``.
+        KeyError: the batch lacks boundary arrays.
+    """
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        raise PackedAttentionError(
+            "packed_forward got a batch with a 2-D attention_mask; boundaries come from cu_seqlens/"
+            f"cu_seqlens_padded, and a 2-D mask next to packed positions cross-attends (B01). {_FIX}"
+        )
+    inputs = hf_inputs(model, batch)
+    if not compute_loss:
+        inputs.pop("labels", None)
+        inputs.pop("shift_labels", None)
+    kwargs.setdefault("use_cache", False)
+    return model(**inputs, **kwargs)
