@@ -144,15 +144,23 @@ def _skip_entry(raw: RawRecord, sid: str, e: DataFormatError) -> SampleRecord:
 
 
 def _display_names(items: list[Any]) -> list[str]:
-    """Provenance prefix per input: the file name, or the full path where two inputs share a name."""
+    """Provenance prefix per input: the file name; the full path where two files share a name; a
+    dataset's name, suffixed ``[k]`` where several datasets share it. Keeps sample ids unique."""
     from .formats import _is_dataset
 
     base = [dataset_name(it) if _is_dataset(it) else Path(it).name for it in items]
     counts = Counter(base)
-    return [
-        b if counts[b] == 1 or _is_dataset(it) else str(it)
-        for b, it in zip(base, items)
-    ]
+    seen: Counter = Counter()
+    out = []
+    for b, it in zip(base, items):
+        if counts[b] == 1:
+            out.append(b)
+        elif _is_dataset(it):
+            out.append(f"{b}[{seen[b]}]")
+        else:
+            out.append(str(it))
+        seen[b] += 1
+    return out
 
 
 def _total_records(items: list[Any]) -> int | None:

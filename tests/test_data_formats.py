@@ -1,0 +1,290 @@
+"""Record reading and normalisation (seqpack.data.formats) and bad-input errors through prepare()."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqpack.data import DataFormatError, prepare
+from seqpack.data.formats import RawRecord, detect_format, iter_records, normalize_record
+
+
+def norm(rec, fmt=None, base_dir=None):
+    return normalize_record(RawRecord(rec, "mem.json", 3, base_dir=base_dir), fmt)
+
+
+# ------------------------------------------------------------------------------------------ formats
+
+
+def test_alpaca_with_system_history_and_input():
+    c = norm(
+        {
+            "instruction": "Add",
+            "input": "1 and 2",
+            "output": "3",
+            "system": "Be terse.",
+            "history": [["hi", "hello"]],
+        }
+    )
+    assert c.format == "alpaca"
+    assert c.messages == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "Add\n1 and 2"},
+        {"role": "assistant", "content": "3"},
+    ]
+    assert c.tools is None and c.images == [] and c.index == 3 and c.source == "mem.json"
+
+
+def test_alpaca_empty_input_is_instruction_only():
+    c = norm({"instruction": "Say hi", "input": "", "output": "hi"})
+    assert c.messages[0] == {"role": "user", "content": "Say hi"}
+
+
+def test_sharegpt_function_call_observation_and_tools_string():
+    tools = json.dumps([{"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}])
+    c = norm(
+        {
+            "id": "x1",
+            "system": "sys",
+            "tools": tools,
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "function_call", "value": '{"name": "f", "arguments": {"a": 1}}'},
+                {"from": "observation", "value": '{"r": 2}'},
+                {"from": "gpt", "value": "done"},
+            ],
+        }
+    )
+    assert c.format == "sharegpt" and c.id == "x1"
+    assert [m["role"] for m in c.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert c.messages[2] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+    }
+    assert c.messages[3]["content"] == '{"r": 2}'
+    # bare glaive tool schemas are wrapped into the OpenAI form
+    assert c.tools == [{"type": "function", "function": json.loads(tools)[0]}]
+
+
+def test_sharegpt_text_then_function_call_is_one_assistant_turn():
+    c = norm(
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": "let me look"},
+                {"from": "function_call", "value": '[{"name": "a", "arguments": "{}"}, {"name": "b"}]'},
+            ]
+        }
+    )
+    assert len(c.messages) == 2
+    calls = c.messages[1]["tool_calls"]
+    assert [x["function"]["name"] for x in calls] == ["a", "b"]
+    assert calls[0]["function"]["arguments"] == {} and calls[1]["function"]["arguments"] == {}
+
+
+def test_openai_messages_with_tool_calls_and_tool_role():
+    c = norm(
+        {
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                {"role": "assistant", "content": [{"type": "text", "text": "It is "}, {"type": "text", "text": "sunny."}]},
+            ],
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": {}}}],
+        }
+    )
+    assert c.format == "openai"
+    assert c.messages[1]["tool_calls"][0]["function"] == {"name": "w", "arguments": {"city": "Paris"}}
+    assert c.messages[1]["content"] == ""
+    assert c.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
+    assert c.messages[3]["content"] == "It is sunny."
+    assert c.tools[0]["function"]["name"] == "w"
+
+
+def test_llamafactory_v1_parts_reasoning_and_tool_call():
+    c = norm(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "value": "q"}]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "reasoning", "value": "think"},
+                        {"type": "tool_call", "value": '{"name": "f", "arguments": {"x": 1}}'},
+                        {"type": "tool_call", "value": '{"name": "g", "arguments": {}}'},
+                    ],
+                },
+                {"role": "tool", "content": [{"type": "text", "value": "r"}]},
+                {"role": "assistant", "content": [{"type": "reasoning", "value": "ok"}, {"type": "text", "value": "A"}]},
+            ]
+        }
+    )
+    a = c.messages[1]
+    assert a["content"] == "" and a["reasoning_content"] == "think"
+    assert [t["function"]["name"] for t in a["tool_calls"]] == ["f", "g"]
+    assert c.messages[3] == {"role": "assistant", "content": "A", "reasoning_content": "ok"}
+
+
+def test_llava_image_resolution_and_placeholders(tmp_path: Path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"x")
+    (tmp_path / "b.jpg").write_bytes(b"y")
+    rec = {
+        "image": ["a.jpg", "b.jpg"],
+        "conversations": [{"from": "human", "value": "<image><image>Compare"}, {"from": "gpt", "value": "same"}],
+    }
+    assert detect_format(rec) == "llava"
+    c = norm(rec, base_dir=tmp_path)
+    assert c.format == "llava"
+    assert c.images == [str(tmp_path / "images" / "a.jpg"), str(tmp_path / "b.jpg")]
+    assert c.messages[0]["content"] == "<image><image>Compare"  # placeholders kept as text
+
+
+def test_llava_errors_missing_image_and_count_mismatch(tmp_path: Path):
+    conv = [{"from": "human", "value": "<image>x"}, {"from": "gpt", "value": "y"}]
+    with pytest.raises(DataFormatError) as ei:
+        norm({"image": "nope.jpg", "conversations": conv}, base_dir=tmp_path)
+    assert ei.value.reason == "missing_image" and "nope.jpg" in str(ei.value)
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    with pytest.raises(DataFormatError) as ei:
+        norm({"images": ["a.jpg", "a.jpg"], "conversations": conv}, base_dir=tmp_path)
+    assert ei.value.reason == "image_placeholder_mismatch" and "2 image(s) but 1" in str(ei.value)
+
+
+def test_none_valued_columns_are_absent():
+    # Parquet / datasets give None for missing columns
+    c = norm({"instruction": "a", "input": None, "output": "b", "system": None, "history": None,
+              "image": None, "conversations": None, "messages": None})
+    assert c.format == "alpaca" and len(c.messages) == 2
+
+
+def test_forced_format_is_used():
+    rec = {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}], "instruction": "i"}
+    assert norm(rec, "sharegpt").format == "sharegpt"
+    with pytest.raises(DataFormatError) as ei:
+        norm({"conversations": []}, "alpaca")
+    assert ei.value.reason == "bad_content_type"  # missing instruction is not a string
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+GOOD = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+
+BAD_RECORDS = [
+    ({"foo": 1}, "unknown_format", "rename the columns"),
+    ({"conversations": []}, "empty_conversation", "remove the record"),
+    ({"conversations": [{"from": "human", "value": "q"}]}, "no_assistant_turn", "add an assistant turn"),
+    ({"conversations": [{"from": "robot", "value": "q"}, {"from": "gpt", "value": "a"}]}, "unknown_role", "robot"),
+    ({"conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "a"}]}, "bad_content_type", "int"),
+    ({"messages": [{"role": "user", "content": {"x": 1}}, {"role": "assistant", "content": "a"}]},
+     "bad_content_type", "dict"),
+    ({"instruction": ["x"], "output": "y"}, "bad_content_type", "'instruction'"),
+]
+
+
+@pytest.mark.parametrize("bad,reason,needle", BAD_RECORDS)
+def test_bad_record_in_json_array_names_file_index_and_fix(tmp_path, qwen3_tokenizer, bad, reason, needle):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps([GOOD, GOOD, bad]))
+    with pytest.raises(DataFormatError) as ei:
+        prepare(p, qwen3_tokenizer, seq_length=64)
+    e = ei.value
+    assert isinstance(e, ValueError)
+    assert e.reason == reason and e.index == 2 and e.line is None
+    msg = str(e)
+    assert str(p) in msg and "record 2" in msg and "Fix:" in msg and needle in msg
+    # skip: reported with its reason, file and index; the good records survive
+    samples, rep = prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert rep.records_read == 3 and len(samples) == 2
+    (entry,) = rep.entries
+    assert (entry.status, entry.reason, entry.source, entry.index) == ("skipped", reason, str(p), 2)
+    assert entry.sample_id == "d.json:2"
+
+
+def test_malformed_jsonl_line_names_line_and_skip_reports_it(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(GOOD) + "\n\n" + '{"conversations": [\n' + json.dumps(GOOD) + "\n")
+    with pytest.raises(DataFormatError) as ei:
+        prepare(str(p), qwen3_tokenizer, seq_length=64)
+    assert ei.value.line == 3 and ei.value.reason == "malformed_json"
+    assert f"{p}, line 3" in str(ei.value) and "Fix:" in str(ei.value)
+    samples, rep = prepare(str(p), qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert rep.records_read == 3  # blank line is not a record
+    assert [s.index for s in samples] == [0, 3]  # index = line - 1
+    assert [(e.reason, e.index) for e in rep.entries] == [("malformed_json", 2)]
+
+
+def test_whole_file_invalid_json_raises_even_with_skip(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "d.json"
+    p.write_text('[{"a": 1},\n{"b": ')
+    with pytest.raises(DataFormatError) as ei:
+        prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert ei.value.reason == "malformed_json" and "line 2" in str(ei.value)
+
+
+def test_json_file_holding_json_lines_is_read_as_jsonl(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
+    recs = list(iter_records(p))
+    assert [(r.index, r.line) for r in recs] == [(0, 1), (1, 2)]
+
+
+def test_unknown_extension_and_missing_paths(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "d.csv"
+    p.write_text("a,b\n")
+    with pytest.raises(DataFormatError, match="unknown file type"):
+        prepare(p, qwen3_tokenizer, seq_length=64)
+    with pytest.raises(FileNotFoundError):
+        prepare(tmp_path / "none.json", qwen3_tokenizer, seq_length=64)
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        prepare(str(tmp_path / "*.jsonl"), qwen3_tokenizer, seq_length=64)
+    with pytest.raises(DataFormatError, match="is a directory"):
+        prepare(tmp_path, qwen3_tokenizer, seq_length=64)
+
+
+def test_parquet_glob_and_hf_dataset_inputs(tmp_path, qwen3_tokenizer):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "b.parquet")
+    seen = []
+    samples, rep = prepare(
+        str(tmp_path / "*.parquet"), qwen3_tokenizer, seq_length=64, progress=lambda *a: seen.append(a)
+    )
+    assert rep.records_read == 7 and len(samples) == 7 and rep.samples_out == 7
+    assert [s.sample_id for s in samples[4:]] == ["a.parquet:4", "b.parquet:0", "b.parquet:1"]
+    assert seen[-1] == ("prepare", 7, None)
+    ds = datasets.Dataset.from_list(rows)
+    samples2, rep2 = prepare([ds, ds], qwen3_tokenizer, seq_length=64, progress=lambda *a: seen.append(a))
+    assert rep2.records_read == 10 and seen[-1] == ("prepare", 10, 10)
+    assert len({s.sample_id for s in samples2}) == 10  # unique ids across same-named datasets
+    assert [s.input_ids.tolist() for s in samples2[:5]] == [s.input_ids.tolist() for s in samples[:5]]
+    with pytest.raises(DataFormatError, match="DatasetDict"):
+        prepare(datasets.DatasetDict({"train": ds}), qwen3_tokenizer, seq_length=64)
+
+
+def test_invalid_options(qwen3_tokenizer, tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps([GOOD]))
+    for kw in ({"overlength": "cut"}, {"on_error": "ignore"}, {"train_on": "user"}, {"seq_length": 0}):
+        args = {"seq_length": 64, **kw}
+        with pytest.raises(ValueError):
+            prepare(p, qwen3_tokenizer, **args)
+    with pytest.raises(ValueError, match="format="):
+        prepare(p, qwen3_tokenizer, seq_length=64, format="csv")
