@@ -1,0 +1,256 @@
+"""seqpack.pipeline.pack_dataset: the offline job end to end (prepare -> plan -> rows -> write -> load)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqpack.io import StalePackedDatasetError, load_packed
+from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
+
+IGN = -100
+END = "<|im_end|>"
+
+
+def _runs(labels: np.ndarray) -> list[np.ndarray]:
+    """Contiguous spans of trained label slots."""
+    idx = np.flatnonzero(labels != IGN)
+    if idx.size == 0:
+        return []
+    return np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1)
+
+
+def _trained_texts(tok, packed) -> dict[str, list[str]]:
+    """sample_id -> decoded trained targets, one string per contiguous trained span."""
+    out = {}
+    cu = packed.cu_seqlens
+    for i, sid in enumerate(packed.sample_ids):
+        lab = packed.labels[cu[i] : cu[i + 1]]
+        out[sid] = [tok.decode(lab[r].tolist(), skip_special_tokens=False) for r in _runs(lab)]
+    return out
+
+
+def _strip_think(text: str) -> str:
+    return re.sub(r"^<think>.*?</think>\s*", "", text, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def sample_pack(tmp_path_factory):
+    out = tmp_path_factory.mktemp("emb") / "packed"
+    return pack_dataset(None, out, seq_length=1024, seed=3)
+
+
+def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer):
+    res = sample_pack
+    m = res.metadata
+    assert m.counts["records_read"] == 40 and m.counts["samples_packed"] == 40
+    assert m.num_packs == m.lower_bound == res.plan.num_bins
+    ds = load_packed(res.output, expect={"capacity": 1024, "context_parallel_size": 1})
+    seen = []
+    tokens = 0
+    for i in range(len(ds)):
+        p = ds[i].validate(capacity=1024)
+        seen += p.sample_ids
+        tokens += p.num_real_tokens
+    assert sorted(seen) == sorted(f"sample_chat.jsonl:{k}" for k in range(40))
+    assert tokens == m.counts["tokens"]
+    assert m.packing_efficiency == pytest.approx(tokens / (m.num_packs * 1024), abs=1e-6)
+    assert m.inputs[0]["path"].endswith("sample_chat.jsonl")
+    # the tool-calling record trains on the call and on the final answer, never on the tool result
+    texts = {}
+    for i in range(len(ds)):
+        texts.update(_trained_texts(qwen3_tokenizer, ds[i]))
+    recs = [json.loads(line) for line in sample_data_path().read_text().splitlines()]
+    k = next(i for i, r in enumerate(recs) if r.get("tools") and r["messages"][1]["content"].startswith("Do I need"))
+    spans = texts[f"sample_chat.jsonl:{k}"]
+    assert len(spans) == 2 and all(s.endswith(END) for s in spans)
+    assert "get_weather" in spans[0] and "Lisbon" in spans[0]
+    assert _strip_think(spans[1])[: -len(END)].strip() == recs[k]["messages"][-1]["content"]
+    assert not any("light rain" in s and "temperature" in s for s in spans)
+
+
+def test_embedded_sample_data_is_wellformed():
+    recs = [json.loads(line) for line in sample_data_path().read_text(encoding="utf-8").splitlines()]
+    assert len(recs) == 40
+    assert len({r["id"] for r in recs}) == 40
+    roles = [[m["role"] for m in r["messages"]] for r in recs]
+    assert sum(r[0] == "system" for r in roles) >= 5
+    assert sum(r.count("user") >= 2 for r in roles) >= 5  # multi-turn
+    tool_recs = [r for r in recs if "tools" in r]
+    assert any(any(m.get("tool_calls") for m in r["messages"]) and any(m["role"] == "tool" for m in r["messages"])
+               for r in tool_recs)
+    for r in recs:
+        assert r["messages"][-1]["role"] == "assistant"
+
+
+def test_fingerprint_is_deterministic_and_setting_sensitive(sample_pack, tmp_path):
+    again = pack_dataset(None, tmp_path / "again", seq_length=1024, seed=3)
+    assert again.metadata.fingerprint == sample_pack.metadata.fingerprint
+    a, b = load_packed(again.output), load_packed(sample_pack.output)
+    assert [a[i].sample_ids for i in range(len(a))] == [b[i].sample_ids for i in range(len(b))]
+    other = pack_dataset(None, tmp_path / "other", seq_length=1024, seed=3, context_parallel_size=2)
+    assert other.metadata.fingerprint != sample_pack.metadata.fingerprint
+
+
+def test_B23_capacity_not_divisible_by_2cp_rejected_before_any_work(tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(PackConfigError, match=r"seq_length=150 .*multiple 4.*context_parallel_size=2") as ei:
+        pack_dataset(None, out, seq_length=150, context_parallel_size=2)
+    assert "148 or 152" in str(ei.value)
+    assert not out.exists()
+
+
+def test_B23_stale_cp1_data_refused_for_cp2(sample_pack):
+    with pytest.raises(StalePackedDatasetError, match="context_parallel_size: stored 1, expected 2"):
+        load_packed(sample_pack.output, expect={"context_parallel_size": 2, "capacity": 1024})
+
+
+def test_B24_one_pad_multiple_for_planner_builder_and_metadata(tmp_path, monkeypatch):
+    import seqpack.algorithms as alg
+    import seqpack.packed as packed
+
+    seen = {"plan": set(), "build": set()}
+    real_plan, real_build = alg.pack_lengths, packed.build_packed_sequence
+
+    def spy_plan(*a, **kw):
+        seen["plan"].add(kw["pad_to_multiple_of"])
+        return real_plan(*a, **kw)
+
+    def spy_build(*a, **kw):
+        seen["build"].add(kw["pad_to_multiple_of"])
+        return real_build(*a, **kw)
+
+    monkeypatch.setattr(alg, "pack_lengths", spy_plan)
+    monkeypatch.setattr(packed, "build_packed_sequence", spy_build)
+    # pad_to_multiple_of=6 and CP=2 (2*CP=4): the one multiple is lcm(6, 4) = 12
+    res = pack_dataset(None, tmp_path / "m12", seq_length=1200, pad_to_multiple_of=6, context_parallel_size=2)
+    assert seen == {"plan": {12}, "build": {12}}
+    m = res.metadata
+    assert (m.effective_pad_multiple, m.pad_to_multiple_of, m.context_parallel_size) == (12, 6, 2)
+    ds = load_packed(res.output, expect={"effective_pad_multiple": 12, "context_parallel_size": 2})
+    for i in range(len(ds)):
+        p = ds[i].validate(capacity=1200, context_parallel_size=2, multiple=12)
+        assert (np.diff(p.cu_seqlens_padded) % 12 == 0).all()
+        assert p.length <= 1200
+    assert m.counts["alignment_padding_tokens"] > 0
+    assert m.num_packs == m.lower_bound
+
+
+def test_refuses_existing_output_before_tokenizing(sample_pack, monkeypatch):
+    import seqpack.data as data
+
+    def boom(*a, **kw):  # pragma: no cover - must not be reached
+        raise AssertionError("prepare ran although the output exists")
+
+    monkeypatch.setattr(data, "prepare", boom)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        pack_dataset(None, sample_pack.output, seq_length=1024)
+
+
+def test_bad_settings_name_their_keys(tmp_path):
+    with pytest.raises(PackConfigError, match="unknown algorithm 'nope'.*balanced_best_fit"):
+        pack_dataset(None, tmp_path / "x", algorithm="nope")
+    with pytest.raises(PackConfigError, match="context_parallel_size"):
+        pack_dataset(None, tmp_path / "x", context_parallel_size=0)
+    with pytest.raises(PackConfigError, match="seq_length"):
+        pack_dataset(None, tmp_path / "x", seq_length=0)
+
+
+def test_progress_callback_sees_every_stage(tmp_path):
+    calls = []
+    pack_dataset(None, tmp_path / "p", seq_length=2048, progress=lambda st, d, t: calls.append((st, d, t)))
+    stages = {c[0] for c in calls}
+    assert {"prepare", "plan", "write"} <= stages
+    assert ("plan", 1, 1) in calls
+    w = [c for c in calls if c[0] == "write"]
+    assert w[-1][1] == w[-1][2] >= 1
+
+
+# ---------------------------------------------------------------- real data (Done-when of issue #2)
+
+FILES = [
+    "llama-factory/alpaca_en_demo.json",
+    "llama-factory/glaive_toolcall_en_demo.json",
+    "llama-factory/reason_tool_use_demo_50.jsonl",
+    "fastchat/dummy_conversation.json",
+]
+
+
+@pytest.fixture(scope="module")
+def real_pack(shared_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("real") / "packed"
+    res = pack_dataset([shared_data / f for f in FILES], out, seq_length=4096)
+    return res, load_packed(out)
+
+
+def _load_records(path: Path) -> list:
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_real_data_every_record_accounted_for_and_lower_bound(real_pack, shared_data):
+    res, ds = real_pack
+    m = res.metadata
+    expected = set()
+    for f in FILES:
+        name = Path(f).name
+        expected |= {f"{name}:{i}" for i in range(len(_load_records(shared_data / f)))}
+    assert m.counts["records_read"] == len(expected) == 1849
+    packed_ids = [sid for i in range(len(ds)) for sid in ds[i].sample_ids]
+    assert len(packed_ids) == len(set(packed_ids)) == m.counts["samples_packed"]  # each packed exactly once
+    report = ds.report()
+    not_packed = {e["sample_id"] for e in report if e["status"] in ("dropped", "skipped")}
+    assert set(packed_ids) | not_packed == expected and not set(packed_ids) & not_packed
+    # the 11.5k-token glaive record: handled per the policy and reported with its reason
+    long = [e for e in report if (e.get("tokens_before") or 0) > 11000]
+    assert len(long) == 1 and long[0]["sample_id"].startswith("glaive_toolcall_en_demo.json:")
+    assert long[0]["status"] in ("truncated", "dropped") and long[0]["reason"]
+    assert m.num_packs == m.lower_bound
+    assert m.dataset_max_seqlen <= 4096 and m.max_samples_per_bin >= 2
+    for i in range(len(ds)):
+        ds[i].validate(capacity=4096)
+
+
+def test_real_data_trained_tokens_are_exactly_the_assistant_turns(real_pack, shared_data, qwen3_tokenizer):
+    res, ds = real_pack
+    texts: dict[str, list[str]] = {}
+    for i in range(len(ds)):
+        texts.update(_trained_texts(qwen3_tokenizer, ds[i]))
+    truncated = {e["sample_id"] for e in ds.report() if e["status"] == "truncated"}
+    checked = 0
+    for f in FILES:
+        name = Path(f).name
+        for idx, rec in enumerate(_load_records(shared_data / f)):
+            sid = f"{name}:{idx}"
+            if sid not in texts or sid in truncated:
+                continue
+            spans = texts[sid]
+            assert spans and all(s.endswith(END) for s in spans), sid  # each turn ends with its end-of-turn
+            assert not any("<|im_start|>" in s for s in spans), sid  # never a role header / another turn
+            bodies = [_strip_think(s)[: -len(END)].strip() for s in spans]
+            if "output" in rec:  # alpaca
+                assert bodies == [rec["output"].strip()], sid
+            elif "conversations" in rec:  # sharegpt (fastchat, glaive)
+                turns = [t for t in rec["conversations"] if t["from"] in ("gpt", "function_call")]
+                assert len(bodies) == len(turns), sid
+                for body, t in zip(bodies, turns):
+                    if t["from"] == "gpt":
+                        assert body == t["value"].strip(), sid
+                    else:
+                        assert json.loads(t["value"])["name"] in body and "<tool_call>" in body, sid
+            else:  # LLaMA-Factory v1 messages (reasoning + tool calls)
+                turns = [mm for mm in rec["messages"] if mm["role"] == "assistant"]
+                assert len(spans) == len(turns), sid
+                for span, mm in zip(spans, turns):
+                    for part in mm["content"]:
+                        if part["type"] == "text" and part["value"].strip():
+                            assert part["value"].strip() in span, sid
+                        elif part["type"] == "tool_call":
+                            assert json.loads(part["value"])["name"] in span, sid
+            checked += 1
+    assert checked >= 1840
