@@ -1,0 +1,199 @@
+"""PackingConfig construction and loading: YAML, JSON, Python; aliases; schema errors; expectations."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
+from seqpack.config import (
+    ALGORITHM_VALUES,
+    AttentionBackend,
+    ConfigValidationError,
+    PackingConfig,
+    PackingMode,
+    load_config,
+    load_registry,
+)
+
+YAML = """\
+# a packing config
+packing: in_batch
+seq_length: 8192
+pad_seq_to_mult: 8          # Megatron-Bridge spelling of pad_to_multiple_of
+micro_batch_size: 4
+context_parallel_size: 2
+flatten_micro_batch: true
+calculate_per_token_loss: true
+average_in_collective: false
+algorithm: best_fit_decreasing
+model_family: qwen3
+tokenizer: Qwen/Qwen3-8B
+"""
+
+
+def test_load_yaml_json_and_python_agree(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text(YAML)
+    a = PackingConfig.from_file(y)
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps(a.to_dict()))
+    b = load_config(j)
+    c = PackingConfig(packing="in_batch", seq_length=8192, pad_to_multiple_of=8, micro_batch_size=4,
+                      context_parallel_size=2, flatten_micro_batch=True, calculate_per_token_loss=True,
+                      average_in_collective=False, algorithm=PackingAlgorithm.best_fit_decreasing,
+                      model_family="qwen3", tokenizer="Qwen/Qwen3-8B")
+    assert a == b == c
+    assert a.packing is PackingMode.IN_BATCH
+    assert a.pad_to_multiple_of == 8
+    assert a.effective_pad_multiple == 8  # lcm(8, 2*2)
+    assert a.validate() is a
+
+
+def test_yaml_roundtrip():
+    c = PackingConfig(packing="streaming", fp8=True, cuda_graphs=True, mtp_num_layers=None)
+    again = PackingConfig.from_dict(__import__("yaml").safe_load(c.to_yaml()))
+    assert again == c
+    assert c.fp8 == "e4m3" and c.mtp_num_layers == 0
+
+
+@pytest.mark.parametrize("alias,field,value", [
+    ("pad_seq_to_mult", "pad_to_multiple_of", 16),
+    ("packed_sequence_size", "seq_length", 2048),
+    ("capacity", "seq_length", 1024),
+    ("enable_cuda_graph", "cuda_graphs", True),
+    ("packed_metadata", "packed_metadata_path", "/d/metadata.json"),
+    ("packing_mode", "packing", PackingMode.NONE),
+])
+def test_aliases(alias, field, value):
+    raw = value.value if isinstance(value, PackingMode) else value
+    assert getattr(PackingConfig.from_dict({alias: raw}), field) == value
+
+
+def test_unknown_key_did_you_mean(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_len: 4096\nmicro_batch: 2\n")
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_file(p)
+    vs = ei.value.violations
+    assert [v.keys for v in vs] == [("seq_len",), ("micro_batch",)]
+    assert "did you mean 'seq_length'?" == vs[0].fix
+    assert "micro_batch_size" in vs[1].fix
+    assert str(p) in str(ei.value)
+
+
+def test_bad_algorithm_lists_enum_values():
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({"algorithm": "first_fit_decreassing"})
+    v = ei.value.violations[0]
+    assert v.keys == ("algorithm",)
+    assert "did you mean 'first_fit_decreasing'" in v.problem
+
+
+def test_streaming_accepts_every_packing_algorithm_and_nothing_else():
+    # seqpack.stream runs any PackingAlgorithm on its buffer; anything else is a schema error.
+    for a in PackingAlgorithm:
+        c = PackingConfig(packing="streaming", algorithm=a, calculate_per_token_loss=True)
+        assert c.algorithm == a.value and c.violations() == []
+    with pytest.raises(ConfigValidationError):
+        PackingConfig.from_dict({"packing": "streaming", "algorithm": "online_magic"})
+
+
+def test_algorithm_values_match_enum_and_default():
+    assert ALGORITHM_VALUES == tuple(a.value for a in PackingAlgorithm)
+    assert PackingConfig().algorithm == DEFAULT_ALGORITHM.value
+
+
+def test_attention_backends_enum_matches_registry():
+    assert {b.value for b in AttentionBackend} == set(load_registry().attention_backends)
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"seq_length": 0}, "seq_length"),
+    ({"micro_batch_size": "two"}, "micro_batch_size"),
+    ({"packing": "sometimes"}, "packing"),
+    ({"context_parallel_size": -2}, "context_parallel_size"),
+    ({"moe_aux_loss_coeff": -1.0}, "moe_aux_loss_coeff"),
+])
+def test_schema_errors_name_the_key(data, key):
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict(data)
+    assert ei.value.violations[0].keys == (key,)
+    assert ei.value.violations[0].rule == "schema"
+
+
+def test_python_construction_and_assignment_are_type_checked():
+    with pytest.raises(ValidationError):
+        PackingConfig(seq_lenght=4096)
+    c = PackingConfig()
+    with pytest.raises(ValidationError):
+        c.micro_batch_size = 0
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        PackingConfig.from_file(tmp_path / "missing.yaml")
+    t = tmp_path / "c.toml"
+    t.write_text("x = 1")
+    with pytest.raises(ConfigValidationError, match="unsupported config file type"):
+        PackingConfig.from_file(t)
+    y = tmp_path / "bad.yaml"
+    y.write_text("seq_length: [1,\n")
+    with pytest.raises(ConfigValidationError, match="not valid YAML"):
+        PackingConfig.from_file(y)
+    j = tmp_path / "bad.json"
+    j.write_text("{")
+    with pytest.raises(ConfigValidationError, match="not valid JSON"):
+        PackingConfig.from_file(j)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigValidationError, match="expected a mapping"):
+        PackingConfig.from_file(lst)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert PackingConfig.from_file(empty) == PackingConfig()
+
+
+def test_packed_data_expectations_values_and_keys():
+    from seqpack.io.reader import EXPECT_KEYS
+
+    c = PackingConfig(seq_length=8192, pad_to_multiple_of=8, context_parallel_size=2, tokenizer="Qwen/Qwen3-8B",
+                      algorithm="first_fit_shuffle")
+    exp = c.packed_data_expectations()
+    assert exp == {"capacity": 8192, "pad_to_multiple_of": 8, "effective_pad_multiple": 8,
+                   "context_parallel_size": 2, "algorithm": "first_fit_shuffle", "tokenizer": "Qwen/Qwen3-8B"}
+    assert set(exp) <= set(EXPECT_KEYS)
+    assert "tokenizer" not in PackingConfig().packed_data_expectations()
+
+
+def test_B23_stale_packed_data_rejected_through_expectations(tmp_path):
+    """Data packed for CP=1 must not load silently for a CP=2 run (io owns the comparison)."""
+    from seqpack.data.sample import Sample
+    from seqpack.io import load_packed, write_packed
+    from seqpack.io.metadata import PackedMetadata, StalePackedDatasetError
+    from seqpack.packed import build_packed_sequence
+
+    def sample(n, i):
+        ids = np.arange(1, n + 1, dtype=np.int32)
+        labels = np.concatenate([ids[1:], [-100]]).astype(np.int32)
+        return Sample(ids, labels, sample_id=f"s{i}")
+
+    row = build_packed_sequence([sample(5, 0), sample(3, 1)], pad_to_multiple_of=1, pad_token_id=0, seq_length=16)
+    meta = PackedMetadata(seq_length=16, pad_to_multiple_of=1, context_parallel_size=1, effective_pad_multiple=1,
+                          algorithm="first_fit_shuffle")
+    out = tmp_path / "packed"
+    write_packed([row], out, meta)
+
+    cp1 = PackingConfig(seq_length=16, algorithm="first_fit_shuffle")
+    ds = load_packed(out, expect=cp1.packed_data_expectations())
+    assert len(ds) == 1
+
+    cp2 = PackingConfig(seq_length=16, algorithm="first_fit_shuffle", context_parallel_size=2,
+                        calculate_per_token_loss=True, average_in_collective=False)
+    assert cp2.violations() == []
+    with pytest.raises(StalePackedDatasetError) as ei:
+        load_packed(out, expect=cp2.packed_data_expectations())
+    assert "context_parallel_size" in str(ei.value) and "effective_pad_multiple" in str(ei.value)
