@@ -1,0 +1,317 @@
+"""Streaming packer: accounting, determinism, sharding, exact resume (also in a new process)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from seqpack.data.sample import IGNORE_INDEX, Sample  # noqa: E402
+from seqpack.stream import StreamingPacker, pack_selected_samples, select_samples_to_pack  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lognormal_lengths(n, cap, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(5.5, 0.9, n).astype(np.int64), 1, cap)
+
+
+def keys_of(packs):
+    return [int(k) for p in packs for k in p]
+
+
+def roundtrip(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf)  # weights_only default: the state is tensors + plain types
+
+
+class Stream:
+    """A plain (non-indexable) iterable source, re-iterable per epoch."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def make_samples(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ids = rng.integers(1, 1000, int(n)).astype(np.int32)
+        labels = np.full(int(n), IGNORE_INDEX, np.int32)
+        labels[:-1] = ids[1:]
+        out.append(Sample(ids, labels, sample_id=f"s{i}", source="synthetic", index=i))
+    return out
+
+
+# ------------------------------------------------------------------------------------ accounting
+
+
+def test_every_sample_exactly_once_and_packs_fit():
+    cap = 2048
+    lens = lognormal_lengths(3000, cap)
+    p = StreamingPacker(lens, cap, packing_buffer_size=300, output="indices", seed=1)
+    packs = list(p)
+    ks = keys_of(packs)
+    assert sorted(ks) == list(range(len(lens)))
+    loads = [int(lens[pk].sum()) for pk in packs]
+    assert max(loads) <= cap
+    l1 = -(-int(lens.sum()) // cap)
+    assert l1 <= len(packs) <= l1 * 1.02
+    assert p.stats["samples_packed"] == len(lens) and p.stats["packs_emitted"] == len(packs)
+    assert p.stats["tokens_packed"] == int(lens.sum())
+    assert 0 < p.stats["max_wait"] <= p.max_wait
+
+
+def test_pad_multiple_is_respected():
+    cap, m = 1024, 64
+    lens = lognormal_lengths(800, cap - m)
+    p = StreamingPacker(lens, cap, packing_buffer_size=100, output="indices", pad_to_multiple_of=m)
+    for pk in p:
+        assert int((-(-lens[pk] // m) * m).sum()) <= cap
+
+
+def test_end_of_stream_drains_and_drop_last_is_reported(caplog):
+    cap = 1000
+    lens = np.array([600, 300, 500, 200, 100, 450, 50], np.int64)  # total 2200 -> last pack partial
+    full = list(StreamingPacker(lens, cap, packing_buffer_size=4, output="indices", seed=0))
+    assert sorted(keys_of(full)) == list(range(7))
+    with caplog.at_level("WARNING", logger="seqpack.stream"):
+        p = StreamingPacker(lens, cap, packing_buffer_size=4, output="indices", seed=0, drop_last=True)
+        kept = list(p)
+    dropped = p.stats["dropped_last"]
+    assert dropped, "the last pack is partial, so drop_last must drop it"
+    assert int(lens[dropped].sum()) < cap
+    assert sorted(keys_of(kept) + dropped) == list(range(7))
+    assert "drop_last=True dropped" in caplog.text
+
+
+def test_overlength_policy_error_names_sample_and_drop_reports():
+    lens = np.array([10, 5000, 20], np.int64)
+    with pytest.raises(ValueError, match=r"source key 1 .*5000.*capacity 100"):
+        list(StreamingPacker(lens, 100, packing_buffer_size=8, output="indices"))
+    p = StreamingPacker(lens, 100, packing_buffer_size=8, output="indices", overlength="drop")
+    assert sorted(keys_of(list(p))) == [0, 2]
+    assert p.stats["overlength_dropped"] == [1]
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        StreamingPacker([1], 100, pad_to_multiple_of=8)
+    with pytest.raises(ValueError, match="packing_buffer_size"):
+        StreamingPacker([1], 128, packing_buffer_size=0)
+    with pytest.raises(ValueError, match="rank"):
+        StreamingPacker([1], 128, rank=2, world_size=2)
+
+
+# ------------------------------------------------------------------------------------ determinism
+
+
+def test_deterministic_no_global_rng_and_epochs_reshuffle():
+    lens = lognormal_lengths(1500, 2048)
+    mk = lambda: StreamingPacker(lens, 2048, packing_buffer_size=200, output="indices", seed=7)  # noqa: E731
+    np.random.seed(1)
+    torch.manual_seed(1)
+    a = [pk.tolist() for pk in mk()]
+    np.random.seed(2)
+    torch.manual_seed(2)
+    b = [pk.tolist() for pk in mk()]
+    assert a == b
+    p = mk()
+    p.set_epoch(1)
+    c = [pk.tolist() for pk in p]
+    assert c != a and sorted(keys_of(c)) == sorted(keys_of(a))
+    other_seed = [pk.tolist() for pk in StreamingPacker(lens, 2048, packing_buffer_size=200, output="indices", seed=8)]
+    assert other_seed != a
+
+
+def test_sharding_ranks_partition_the_source():
+    lens = lognormal_lengths(1001, 2048)
+    seen = []
+    for r in range(3):
+        seen += keys_of(StreamingPacker(lens, 2048, packing_buffer_size=50, output="indices", rank=r, world_size=3))
+    assert sorted(seen) == list(range(1001))
+    it_seen = []
+    for r in range(3):
+        it_seen += keys_of(
+            StreamingPacker(Stream([int(x) for x in lens]), 2048, packing_buffer_size=50, output="indices", rank=r, world_size=3)
+        )
+    assert sorted(it_seen) == list(range(1001))
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+def _run_with_stop(mk, stop):
+    p = mk()
+    it = iter(p)
+    head = []
+    for _ in range(stop):
+        head.append(next(it))
+    state = roundtrip(p.state_dict())
+    q = mk()
+    q.load_state_dict(state)
+    return head + list(q)
+
+
+@settings(deadline=None, max_examples=25)
+@given(stop_frac=st.floats(0, 1), buf=st.integers(1, 120), seed=st.integers(0, 5), iterable=st.booleans())
+def test_resume_in_process_is_exact(stop_frac, buf, seed, iterable):
+    lens = lognormal_lengths(400, 1024, seed)
+    src = Stream([int(x) for x in lens]) if iterable else lens
+    out = "samples" if iterable else "indices"
+
+    def mk():
+        return StreamingPacker(src, 1024, packing_buffer_size=buf, output=out, seed=seed, carry_fill=0.99)
+
+    full = [list(map(int, pk)) for pk in mk()]
+    stop = int(stop_frac * len(full))
+    resumed = [list(map(int, pk)) for pk in _run_with_stop(mk, stop)]
+    assert resumed == full
+
+
+def test_resume_with_samples_output_packed_rows():
+    samples = make_samples(lognormal_lengths(120, 512, 3))
+
+    def mk():
+        return StreamingPacker(samples, 512, packing_buffer_size=16, output="packed", pad_to_multiple_of=8, seed=3)
+
+    full = list(mk())
+    for pk in full:
+        pk.validate(capacity=512)
+    resumed = _run_with_stop(mk, 7)
+    assert [pk.sample_ids for pk in resumed] == [pk.sample_ids for pk in full]
+    assert all(np.array_equal(a.input_ids, b.input_ids) for a, b in zip(resumed, full))
+    assert sorted(sid for pk in full for sid in pk.sample_ids) == sorted(s.sample_id for s in samples)
+
+
+def test_state_refused_under_other_settings_names_keys():
+    lens = lognormal_lengths(200, 1024)
+    p = StreamingPacker(lens, 1024, packing_buffer_size=20, output="indices", seed=0)
+    it = iter(p)
+    next(it)
+    st_ = p.state_dict()
+    q = StreamingPacker(lens, 2048, packing_buffer_size=30, output="indices", seed=1)
+    with pytest.raises(ValueError) as e:
+        q.load_state_dict(st_)
+    msg = str(e.value)
+    for key in ("capacity", "packing_buffer_size", "seed"):
+        assert key in msg
+    assert "world_size" not in msg
+    q2 = StreamingPacker(lens, 1024, packing_buffer_size=20, output="indices", seed=0, world_size=2, rank=0)
+    with pytest.raises(ValueError, match="world_size: saved 1 vs now 2"):
+        q2.load_state_dict(st_)
+    q3 = StreamingPacker(lens, 1024, packing_buffer_size=20, output="indices", seed=0, algorithm="first_fit_decreasing")
+    with pytest.raises(ValueError, match="algorithm"):
+        q3.load_state_dict(st_)
+
+
+def test_state_holds_keys_not_tensors_and_is_small():
+    lens = lognormal_lengths(30000, 4096)
+    p = StreamingPacker(lens, 4096, packing_buffer_size=10000, output="indices")
+    it = iter(p)
+    next(it)
+    state = p.state_dict()
+    size = len(pickle.dumps(state))
+    # buffer keys + lengths + ages as int64 (3 x 8 B x 10,000) plus pending packs: well under 1 MB
+    assert size < 600_000, size
+    assert len(state["buffer_keys"]) + len(state["pending_keys"]) <= 10000
+    assert state["buffer_keys"].dtype == torch.int64
+
+
+# ------------------------------------------------------------------------------------ hooks
+
+
+def test_energon_hooks_select_and_pack():
+    samples = make_samples([300, 200, 100, 400, 50, 250, 120], seed=5)
+    groups = select_samples_to_pack(samples, capacity=512, pad_to_multiple_of=4)
+    assert sorted(s.sample_id for g in groups for s in g) == sorted(s.sample_id for s in samples)
+    for g in groups:
+        assert sum(-(-s.length // 4) * 4 for s in g) <= 512
+    again = select_samples_to_pack(samples, capacity=512, pad_to_multiple_of=4)
+    assert [[s.sample_id for s in g] for g in again] == [[s.sample_id for s in g] for g in groups]
+    row = pack_selected_samples(groups[0], pad_token_id=0, pad_to_multiple_of=4)
+    row.validate(capacity=512)
+    assert row.sample_ids == [s.sample_id for s in groups[0]]
+    with pytest.raises(ValueError, match="sample_id 's3'"):
+        select_samples_to_pack(samples, capacity=380)
+    kept = select_samples_to_pack(samples, capacity=380, overlength="drop")
+    assert "s3" not in {s.sample_id for g in kept for s in g}
+
+
+# ------------------------------------------------------------------------------------ new process + StatefulDataLoader
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, numpy as np, torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from seqpack.stream import StreamingPacker
+
+    mode, rank, stop, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    rng = np.random.default_rng(11)
+    lens = np.clip(rng.lognormal(5.5, 0.9, 1200).astype(np.int64), 1, 2048)
+    packer = StreamingPacker(lens, 2048, packing_buffer_size=64, output="indices", seed=4,
+                             rank=rank, world_size=2)
+    loader = StatefulDataLoader(packer, batch_size=None, num_workers=2)
+    if mode == "resume":
+        loader.load_state_dict(torch.load(path + ".state"))
+    packs = []
+    for pk in loader:
+        packs.append([int(k) for k in pk])
+        if mode == "head" and len(packs) == stop:
+            break  # the state is taken right after the consumer received pack `stop`
+    if mode == "head":
+        assert len(packs) == stop
+        torch.save(loader.state_dict(), path + ".state")
+    json.dump(packs, open(path + "." + mode + ".json", "w"))
+    """
+)
+
+
+def _run_script(tmp_path, *args):
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    res = subprocess.run(
+        [sys.executable, str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_resume_in_new_process_two_ranks_two_workers(tmp_path):
+    pytest.importorskip("torchdata")
+    rng = np.random.default_rng()
+    all_keys = []
+    for rank in range(2):
+        base = str(tmp_path / f"r{rank}")
+        _run_script(tmp_path, "full", rank, 0, base)
+        full = json.load(open(base + ".full.json"))
+        stop = int(rng.integers(1, len(full)))
+        _run_script(tmp_path, "head", rank, stop, base)
+        _run_script(tmp_path, "resume", rank, 0, base)
+        head = json.load(open(base + ".head.json"))
+        rest = json.load(open(base + ".resume.json"))
+        assert head + rest == full, f"rank {rank}: resumed packs differ after stop {stop}"
+        ks = keys_of(head + rest)
+        assert len(ks) == len(set(ks)), "duplicated samples"
+        all_keys += ks
+    assert sorted(all_keys) == list(range(1200)), "every sample exactly once across 2 ranks x 2 workers"
