@@ -40,7 +40,7 @@ __all__ = [
 # (context-parallel slicing leaves them alone).
 NON_TOKEN_EXTRA_KEYS = frozenset(
     {"has_final_target", "pad_to_multiple_of", "seq_length", "pad_to_max_length", "pad_token_id",
-     "max_samples_per_bin", "max_seqlen_pinned"}
+     "max_samples_per_bin", "max_seqlen_pinned", "cp_indices", "cp_rank", "context_parallel_size"}
 )
 
 

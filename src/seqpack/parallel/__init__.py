@@ -1,0 +1,43 @@
+"""Context and data parallelism for packed rows.
+
+* one pad multiple: :func:`compute_pad_multiple` (re-exported from :mod:`seqpack.padding`, the single
+  source of truth) and :func:`check_divisibility`;
+* context parallelism: :func:`cp_partition_indices`, :func:`slice_for_cp`, :func:`gather_from_cp`
+  (per-segment zigzag as in Transformer Engine's THD partitioning), :func:`validate_cp_attention`;
+* data parallelism: :func:`balance_packs` (even work per DP rank per step);
+* reference attention (torch): :mod:`seqpack.parallel.attention`, :mod:`seqpack.parallel.reference`.
+
+Importing this package needs numpy only; the attention reference needs torch.
+"""
+
+from seqpack.padding import compute_pad_multiple, round_up  # noqa: F401  (re-export, not reimplemented)
+from seqpack.parallel.balance import BalancePlan, attention_cost, balance_packs, round_robin_plan  # noqa: F401
+from seqpack.parallel.cp import (  # noqa: F401
+    CP_BOUNDARY_AWARE_BACKENDS,
+    CP_BOUNDARY_BLIND_BACKENDS,
+    PER_TOKEN_FIELDS,
+    CPConfigError,
+    check_divisibility,
+    cp_partition_indices,
+    gather_from_cp,
+    slice_for_cp,
+    validate_cp_attention,
+)
+
+__all__ = [
+    "compute_pad_multiple",
+    "round_up",
+    "check_divisibility",
+    "cp_partition_indices",
+    "slice_for_cp",
+    "gather_from_cp",
+    "validate_cp_attention",
+    "CPConfigError",
+    "CP_BOUNDARY_AWARE_BACKENDS",
+    "CP_BOUNDARY_BLIND_BACKENDS",
+    "PER_TOKEN_FIELDS",
+    "BalancePlan",
+    "attention_cost",
+    "balance_packs",
+    "round_robin_plan",
+]
