@@ -1,0 +1,84 @@
+"""`seqpack validate` and `seqpack recipe` through typer's CliRunner on seqpack.cli.app."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from seqpack.cli import app
+from seqpack.config import PackingConfig, list_recipes, load_recipe
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("name", list_recipes())
+def test_validate_every_recipe_exits_0(name, tmp_path):
+    out = tmp_path / f"{name}.yaml"
+    r = invoke("recipe", name, "--output", str(out))
+    assert r.exit_code == 0, r.output
+    assert PackingConfig.from_file(out) == load_recipe(name)
+    r = invoke("validate", str(out))
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("OK ") and f"effective_pad_multiple={load_recipe(name).effective_pad_multiple}" in r.output
+    # a recipe name works directly too
+    assert invoke("validate", name).exit_code == 0
+
+
+def test_validate_bad_config_exits_1_with_table(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("seq_length: 150\ncontext_parallel_size: 2\npacking: streaming\nmtp_num_layers: 1\n"
+                 "model_family: deepseek_v3\n")
+    r = invoke("validate", str(p))
+    assert r.exit_code == 1
+    out = r.output
+    assert "4 problems in" in out
+    for rule in ("seq_length_divisible", "cp_loss_settings", "streaming_loss", "streaming_mtp"):
+        assert rule in out
+    for key in ("seq_length", "context_parallel_size", "calculate_per_token_loss", "mtp_num_layers"):
+        assert key in out
+    assert "148 or 152" in out and "case B23" in out
+
+
+def test_validate_json_format(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"packing": "offline", "micro_batch_size": 2}))
+    r = invoke("validate", str(p), "--format", "json")
+    assert r.exit_code == 1
+    data = json.loads(r.output)
+    assert data["valid"] is False
+    assert [v["rule"] for v in data["violations"]] == ["offline_micro_batch"]
+    assert data["violations"][0]["keys"] == ["packing", "micro_batch_size"]
+    p.write_text(json.dumps({"packing": "offline"}))
+    r = invoke("validate", str(p), "-f", "json")
+    assert r.exit_code == 0 and json.loads(r.output) == {"source": str(p), "valid": True,
+                                                         "effective_pad_multiple": 1, "violations": []}
+
+
+def test_validate_schema_error_and_missing_file(tmp_path):
+    p = tmp_path / "typo.yaml"
+    p.write_text("seq_len: 4096\n")
+    r = invoke("validate", str(p))
+    assert r.exit_code == 1 and "seq_len" in r.output and "did you mean 'seq_length'?" in r.output
+    r = invoke("validate", str(tmp_path / "nope.yaml"))
+    assert r.exit_code == 1 and "not found" in r.output
+    assert invoke("validate", str(p), "--format", "xml").exit_code == 2
+
+
+def test_recipe_lists_names_and_prints_yaml():
+    r = invoke("recipe")
+    assert r.exit_code == 0
+    for n in list_recipes():
+        assert n in r.output
+    r = invoke("recipe", "qwen3_5_vl_sft")
+    assert r.exit_code == 0
+    data = yaml.safe_load(r.output)
+    assert data["packing"] == "in_batch" and data["micro_batch_size"] == 2
+    r = invoke("recipe", "does_not_exist")
+    assert r.exit_code == 1 and "unknown recipe" in r.output
