@@ -626,4 +626,95 @@ def level(sizes, bin_of, nb, cap, tol):
             loads[d] -= v
             loads[u] += v
             moved += 1
+    moved += _level_swaps(sizes, bin_of, nb, loads, F, lmax, T, cap)
     return moved
+
+
+@njit(cache=True)
+def _level_swaps(sizes, bin_of, nb, loads, F, lmax, T, cap):
+    """Second leveling phase: for a pack u still below F, swap one of its items a with a slightly
+    longer item b (a < b <= a + min(T, lmax - load_u)) from a pack that stays >= F. Each swap
+    raises u by b - a; chains of swaps (a -> b -> b' ...) let u climb without needing short
+    samples. Candidates whose pack cannot afford the swap are skipped (bounded attempts)."""
+    n = sizes.shape[0]
+    nrecv = 0
+    for b in range(nb):
+        if loads[b] < F:
+            nrecv += 1
+    if nrecv == 0:
+        return 0
+    off, items = csr_by_bin(bin_of, nb)
+    P = _pow2(cap + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    head = np.full(cap + 1, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    for i in range(n - 1, -1, -1):
+        if loads[bin_of[i]] > F:
+            s = sizes[i]
+            if head[s] < 0:
+                _vt_set(tree, P, s, 1)
+            nxt[i] = head[s]
+            head[s] = i
+    skipped = np.empty(64, np.int64)
+    swaps = 0
+    for u in range(nb):
+        if loads[u] >= F:
+            continue
+        mine = items[off[u]:off[u + 1]].copy()
+        progress = True
+        while loads[u] < F and progress:
+            progress = False
+            for k in range(mine.shape[0]):
+                a = mine[k]
+                sa = sizes[a]
+                room = lmax - loads[u]
+                if room > T:
+                    room = T
+                if room <= 0:
+                    break
+                ns = 0
+                found = -1
+                lim = sa + room
+                while ns < 64:
+                    v = _find_le(tree, P, lim)
+                    if v <= sa:
+                        break
+                    b = head[v]
+                    head[v] = nxt[b]
+                    if head[v] < 0:
+                        _vt_set(tree, P, v, 0)
+                    d = bin_of[b]
+                    if d != u and loads[d] - (v - sa) >= F:
+                        found = b
+                        break
+                    if loads[d] > F and d != u:
+                        skipped[ns] = b  # may serve a smaller difference later
+                        ns += 1
+                    # else: pack d can give nothing any more (loads only fall): drop b
+                for q in range(ns):
+                    bq = skipped[q]
+                    sq = sizes[bq]
+                    if head[sq] < 0:
+                        _vt_set(tree, P, sq, 1)
+                    nxt[bq] = head[sq]
+                    head[sq] = bq
+                if found < 0:
+                    continue
+                b = found
+                d = bin_of[b]
+                delta = sizes[b] - sa
+                bin_of[b] = u
+                bin_of[a] = d
+                loads[u] += delta
+                loads[d] -= delta
+                mine[k] = b
+                swaps += 1
+                progress = True
+                if loads[d] > F:  # a is now a candidate in pack d
+                    if head[sa] < 0:
+                        _vt_set(tree, P, sa, 1)
+                    nxt[a] = head[sa]
+                    head[sa] = a
+                if loads[u] >= F:
+                    break
+    return swaps
