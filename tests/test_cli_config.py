@@ -82,3 +82,26 @@ def test_recipe_lists_names_and_prints_yaml():
     assert data["packing"] == "in_batch" and data["micro_batch_size"] == 2
     r = invoke("recipe", "does_not_exist")
     assert r.exit_code == 1 and "unknown recipe" in r.output
+
+
+def test_B23_validate_checks_stored_packed_data(tmp_path):
+    import numpy as np
+
+    from seqpack.data.sample import Sample
+    from seqpack.io import write_packed
+    from seqpack.io.metadata import PackedMetadata
+    from seqpack.packed import build_packed_sequence
+
+    ids = np.arange(1, 6, dtype=np.int32)
+    s = Sample(ids, np.r_[ids[1:], -100].astype(np.int32), sample_id="a")
+    row = build_packed_sequence([s], pad_to_multiple_of=1, pad_token_id=0, seq_length=8)
+    data = tmp_path / "packed"
+    write_packed([row], data, PackedMetadata(seq_length=8, algorithm="first_fit_shuffle"))
+    cfg = tmp_path / "c.yaml"
+    base = f"seq_length: 8\nalgorithm: first_fit_shuffle\npacked_dataset_path: {data}\n"
+    cfg.write_text(base)
+    assert invoke("validate", str(cfg)).exit_code == 0
+    cfg.write_text(base + "context_parallel_size: 2\ncalculate_per_token_loss: true\naverage_in_collective: false\n")
+    r = invoke("validate", str(cfg))
+    assert r.exit_code == 1 and "stale_packed_data" in r.output and "context_parallel_size" in r.output
+    assert invoke("validate", str(cfg), "--no-check-data").exit_code == 0

@@ -169,11 +169,10 @@ def test_packed_data_expectations_values_and_keys():
     assert "tokenizer" not in PackingConfig().packed_data_expectations()
 
 
-def test_B23_stale_packed_data_rejected_through_expectations(tmp_path):
-    """Data packed for CP=1 must not load silently for a CP=2 run (io owns the comparison)."""
+def _write_cp1_dataset(out):
     from seqpack.data.sample import Sample
-    from seqpack.io import load_packed, write_packed
-    from seqpack.io.metadata import PackedMetadata, StalePackedDatasetError
+    from seqpack.io import write_packed
+    from seqpack.io.metadata import PackedMetadata
     from seqpack.packed import build_packed_sequence
 
     def sample(n, i):
@@ -184,9 +183,16 @@ def test_B23_stale_packed_data_rejected_through_expectations(tmp_path):
     row = build_packed_sequence([sample(5, 0), sample(3, 1)], pad_to_multiple_of=1, pad_token_id=0, seq_length=16)
     meta = PackedMetadata(seq_length=16, pad_to_multiple_of=1, context_parallel_size=1, effective_pad_multiple=1,
                           algorithm="first_fit_shuffle")
-    out = tmp_path / "packed"
     write_packed([row], out, meta)
+    return out
 
+
+def test_B23_stale_packed_data_rejected_through_expectations(tmp_path):
+    """Data packed for CP=1 must not load silently for a CP=2 run (io owns the comparison)."""
+    from seqpack.io import load_packed
+    from seqpack.io.metadata import StalePackedDatasetError
+
+    out = _write_cp1_dataset(tmp_path / "packed")
     cp1 = PackingConfig(seq_length=16, algorithm="first_fit_shuffle")
     ds = load_packed(out, expect=cp1.packed_data_expectations())
     assert len(ds) == 1
@@ -197,3 +203,19 @@ def test_B23_stale_packed_data_rejected_through_expectations(tmp_path):
     with pytest.raises(StalePackedDatasetError) as ei:
         load_packed(out, expect=cp2.packed_data_expectations())
     assert "context_parallel_size" in str(ei.value) and "effective_pad_multiple" in str(ei.value)
+
+
+def test_B23_packed_data_violations(tmp_path):
+    out = _write_cp1_dataset(tmp_path / "packed")
+    common = dict(seq_length=16, algorithm="first_fit_shuffle", packed_dataset_path=str(out))
+    assert PackingConfig(**common).packed_data_violations() == []
+    stale = PackingConfig(**common, context_parallel_size=2).packed_data_violations()
+    assert [v.rule for v in stale] == ["stale_packed_data"]
+    assert stale[0].case == "B23"
+    assert set(stale[0].keys) == {"packed_dataset_path", "context_parallel_size", "effective_pad_multiple"}
+    assert "stored 1 vs config 2" in stale[0].problem
+    other = PackingConfig(**{**common, "seq_length": 32}).packed_data_violations()
+    assert other[0].keys == ("packed_dataset_path", "capacity")
+    missing = PackingConfig(**{**common, "packed_dataset_path": str(tmp_path / "nope")}).packed_data_violations()
+    assert [v.rule for v in missing] == ["packed_data_unreadable"] and "does not exist" in missing[0].problem
+    assert PackingConfig().packed_data_violations() == []

@@ -22,10 +22,16 @@ def _console() -> Console:
 def validate_cmd(
     config: Path = typer.Argument(..., help="Packing config (.yaml/.yml/.json) or a recipe name."),
     output_format: str = typer.Option("table", "--format", "-f", help="table | json"),
+    check_data: bool = typer.Option(
+        True, "--check-data/--no-check-data",
+        help="When packed_dataset_path is set, also check the stored data was packed for this config (B23).",
+    ),
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
 
-    CONFIG may also be a recipe name (see `seqpack recipe`).
+    CONFIG may also be a recipe name (see `seqpack recipe`). With packed_dataset_path set, the stored
+    dataset's metadata is compared with the config too (capacity, pad multiple, CP size, algorithm,
+    tokenizer), unless --no-check-data.
     """
     from seqpack.config import ConfigValidationError, PackingConfig, list_recipes, load_recipe
 
@@ -41,6 +47,8 @@ def validate_cmd(
         else:
             cfg = PackingConfig.from_file(config)
         violations = cfg.violations()
+        if check_data:
+            violations += cfg.packed_data_violations()
     except FileNotFoundError as e:
         console.print(f"[red]{e}[/red] (recipes: {', '.join(list_recipes())})")
         raise typer.Exit(1)

@@ -241,6 +241,35 @@ class PackingConfig(BaseModel):
             exp["tokenizer"] = self.tokenizer
         return exp
 
+    def packed_data_violations(self) -> list[Violation]:
+        """Check the stored packed dataset at ``packed_dataset_path`` against this config (case B23).
+
+        Opens the dataset lazily with ``seqpack.io.load_packed(path, expect=self.packed_data_expectations())``
+        (io owns the comparison; no rows are read). Not part of :meth:`validate`, which never touches disk.
+
+        Returns:
+            ``[]`` when no path is set or the data matches; otherwise one ``stale_packed_data``
+            violation (settings differ, with io's stored-vs-expected list) or ``packed_data_unreadable``
+            (missing directory, missing/altered shard, unknown format).
+        """
+        if self.packed_dataset_path is None:
+            return []
+        from seqpack.io import load_packed
+        from seqpack.io.metadata import PackedDatasetError, StalePackedDatasetError
+
+        try:
+            load_packed(self.packed_dataset_path, expect=self.packed_data_expectations(), memory_map=False)
+        except StalePackedDatasetError as e:
+            diffs = ", ".join(f"{k}: stored {s!r} vs config {w!r}" for k, (s, w) in e.diffs.items())
+            return [Violation("stale_packed_data", ("packed_dataset_path", *e.diffs),
+                              f"{self.packed_dataset_path} was packed with other settings ({diffs})",
+                              "re-pack with this config (seqpack pack ... --overwrite) or point "
+                              "packed_dataset_path at data packed for it", case="B23")]
+        except (PackedDatasetError, OSError) as e:
+            return [Violation("packed_data_unreadable", ("packed_dataset_path",), str(e),
+                              "run `seqpack pack` for this config, or fix packed_dataset_path")]
+        return []
+
     # ------------------------------------------------------------------ validation
     def violations(self) -> list[Violation]:
         """Run every rule (:data:`seqpack.config.rules.RULES`) and return all violations (empty = valid)."""
