@@ -265,23 +265,24 @@ _SCRIPT = textwrap.dedent(
     from torchdata.stateful_dataloader import StatefulDataLoader
     from seqpack.stream import StreamingPacker
 
-    mode, rank, stop, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    mode, path, stops = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3:]]
     rng = np.random.default_rng(11)
     lens = np.clip(rng.lognormal(5.5, 0.9, 1200).astype(np.int64), 1, 2048)
-    packer = StreamingPacker(lens, 2048, packing_buffer_size=64, output="indices", seed=4,
-                             rank=rank, world_size=2)
-    loader = StatefulDataLoader(packer, batch_size=None, num_workers=2)
-    if mode == "resume":
-        loader.load_state_dict(torch.load(path + ".state"))
-    packs = []
-    for pk in loader:
-        packs.append([int(k) for k in pk])
-        if mode == "head" and len(packs) == stop:
-            break  # the state is taken right after the consumer received pack `stop`
-    if mode == "head":
-        assert len(packs) == stop
-        torch.save(loader.state_dict(), path + ".state")
-    json.dump(packs, open(path + "." + mode + ".json", "w"))
+    for rank in range(2):
+        packer = StreamingPacker(lens, 2048, packing_buffer_size=64, output="indices", seed=4,
+                                 rank=rank, world_size=2)
+        loader = StatefulDataLoader(packer, batch_size=None, num_workers=2)
+        base = f"{path}.r{rank}"
+        if mode == "resume":
+            loader.load_state_dict(torch.load(base + ".state"))
+        packs = []
+        for pk in loader:
+            packs.append([int(k) for k in pk])
+            if mode == "head" and len(packs) == stops[rank]:
+                break  # the state is taken right after the consumer received pack `stop`
+        if mode == "head":
+            torch.save(loader.state_dict(), base + ".state")
+        json.dump(packs, open(f"{base}.{mode}.json", "w"))
     """
 )
 
@@ -298,19 +299,21 @@ def _run_script(tmp_path, *args):
 
 @pytest.mark.multiprocess
 def test_resume_in_new_process_two_ranks_two_workers(tmp_path):
+    """Stop after a random number of packs, restore through StatefulDataLoader in a new process."""
     pytest.importorskip("torchdata")
     rng = np.random.default_rng()
+    base = str(tmp_path / "run")
+    _run_script(tmp_path, "full", base)
+    full = [json.load(open(f"{base}.r{r}.full.json")) for r in range(2)]
+    stops = [int(rng.integers(1, len(f))) for f in full]
+    _run_script(tmp_path, "head", base, *stops)
+    _run_script(tmp_path, "resume", base)
     all_keys = []
     for rank in range(2):
-        base = str(tmp_path / f"r{rank}")
-        _run_script(tmp_path, "full", rank, 0, base)
-        full = json.load(open(base + ".full.json"))
-        stop = int(rng.integers(1, len(full)))
-        _run_script(tmp_path, "head", rank, stop, base)
-        _run_script(tmp_path, "resume", rank, 0, base)
-        head = json.load(open(base + ".head.json"))
-        rest = json.load(open(base + ".resume.json"))
-        assert head + rest == full, f"rank {rank}: resumed packs differ after stop {stop}"
+        head = json.load(open(f"{base}.r{rank}.head.json"))
+        rest = json.load(open(f"{base}.r{rank}.resume.json"))
+        assert len(head) == stops[rank]
+        assert head + rest == full[rank], f"rank {rank}: resumed packs differ after stop {stops[rank]}"
         ks = keys_of(head + rest)
         assert len(ks) == len(set(ks)), "duplicated samples"
         all_keys += ks
