@@ -39,9 +39,9 @@ def _strip_think(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def sample_pack(tmp_path_factory):
+def sample_pack(tmp_path_factory, qwen3_tokenizer):
     out = tmp_path_factory.mktemp("emb") / "packed"
-    return pack_dataset(None, out, seq_length=1024, seed=3)
+    return pack_dataset(None, out, tokenizer=qwen3_tokenizer, seq_length=1024, seed=3)
 
 
 def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer):
@@ -87,12 +87,13 @@ def test_embedded_sample_data_is_wellformed():
         assert r["messages"][-1]["role"] == "assistant"
 
 
-def test_fingerprint_is_deterministic_and_setting_sensitive(sample_pack, tmp_path):
-    again = pack_dataset(None, tmp_path / "again", seq_length=1024, seed=3)
+def test_fingerprint_is_deterministic_and_setting_sensitive(sample_pack, tmp_path, qwen3_tokenizer):
+    again = pack_dataset(None, tmp_path / "again", tokenizer="qwen3", seq_length=1024, seed=3)
     assert again.metadata.fingerprint == sample_pack.metadata.fingerprint
     a, b = load_packed(again.output), load_packed(sample_pack.output)
     assert [a[i].sample_ids for i in range(len(a))] == [b[i].sample_ids for i in range(len(b))]
-    other = pack_dataset(None, tmp_path / "other", seq_length=1024, seed=3, context_parallel_size=2)
+    other = pack_dataset(None, tmp_path / "other", tokenizer=qwen3_tokenizer, seq_length=1024, seed=3,
+                         context_parallel_size=2)
     assert other.metadata.fingerprint != sample_pack.metadata.fingerprint
 
 
@@ -109,7 +110,7 @@ def test_B23_stale_cp1_data_refused_for_cp2(sample_pack):
         load_packed(sample_pack.output, expect={"context_parallel_size": 2, "capacity": 1024})
 
 
-def test_B24_one_pad_multiple_for_planner_builder_and_metadata(tmp_path, monkeypatch):
+def test_B24_one_pad_multiple_for_planner_builder_and_metadata(tmp_path, monkeypatch, qwen3_tokenizer):
     import seqpack.algorithms as alg
     import seqpack.packed as packed
 
@@ -127,7 +128,7 @@ def test_B24_one_pad_multiple_for_planner_builder_and_metadata(tmp_path, monkeyp
     monkeypatch.setattr(alg, "pack_lengths", spy_plan)
     monkeypatch.setattr(packed, "build_packed_sequence", spy_build)
     # pad_to_multiple_of=6 and CP=2 (2*CP=4): the one multiple is lcm(6, 4) = 12
-    res = pack_dataset(None, tmp_path / "m12", seq_length=1200, pad_to_multiple_of=6, context_parallel_size=2)
+    res = pack_dataset(None, tmp_path / "m12", tokenizer=qwen3_tokenizer, seq_length=1200, pad_to_multiple_of=6, context_parallel_size=2)
     assert seen == {"plan": {12}, "build": {12}}
     m = res.metadata
     assert (m.effective_pad_multiple, m.pad_to_multiple_of, m.context_parallel_size) == (12, 6, 2)
@@ -160,9 +161,9 @@ def test_bad_settings_name_their_keys(tmp_path):
         pack_dataset(None, tmp_path / "x", seq_length=0)
 
 
-def test_progress_callback_sees_every_stage(tmp_path):
+def test_progress_callback_sees_every_stage(tmp_path, qwen3_tokenizer):
     calls = []
-    pack_dataset(None, tmp_path / "p", seq_length=2048, progress=lambda st, d, t: calls.append((st, d, t)))
+    pack_dataset(None, tmp_path / "p", tokenizer=qwen3_tokenizer, seq_length=2048, progress=lambda st, d, t: calls.append((st, d, t)))
     stages = {c[0] for c in calls}
     assert {"prepare", "plan", "write"} <= stages
     assert ("plan", 1, 1) in calls
@@ -181,9 +182,9 @@ FILES = [
 
 
 @pytest.fixture(scope="module")
-def real_pack(shared_data, tmp_path_factory):
+def real_pack(shared_data, tmp_path_factory, qwen3_tokenizer):
     out = tmp_path_factory.mktemp("real") / "packed"
-    res = pack_dataset([shared_data / f for f in FILES], out, seq_length=4096)
+    res = pack_dataset([shared_data / f for f in FILES], out, tokenizer=qwen3_tokenizer, seq_length=4096)
     return res, load_packed(out)
 
 

@@ -1,0 +1,111 @@
+"""`seqpack pack`, `seqpack inspect`, `seqpack algorithms`: exit codes, readable errors, outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
+from seqpack.cli import app
+from seqpack.io import load_packed
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _user_error(res, code: int) -> str:
+    """A user error: the given exit code via a clean exit (no escaped exception = no traceback)."""
+    assert res.exit_code == code, res.output
+    assert type(res.exception) is SystemExit, repr(res.exception)
+    assert "Traceback" not in res.output
+    return res.output
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "packed"
+    res = _run("pack", "--output", out, "--seq-length", "1024", "--quiet")
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
+def test_pack_without_inputs_packs_the_embedded_sample(packed_dir):
+    out, output = packed_dir
+    for label in ("records read", "samples packed", "packs / lower bound", "packing efficiency", "time"):
+        assert label in output
+    md = json.loads((out / "metadata.json").read_text())
+    assert md["counts"]["records_read"] == 40 and md["counts"]["samples_packed"] == 40
+    assert f"{md['num_packs']} / {md['lower_bound']}" in output
+    assert len(load_packed(out)) == md["num_packs"] >= 2
+
+
+def test_pack_real_file_with_progress_and_policies(shared_data, tmp_path):
+    out = tmp_path / "fc"
+    res = _run("pack", shared_data / "fastchat" / "dummy_conversation.json", "--output", out,
+               "--seq-length", "2048", "--algorithm", "first_fit_decreasing", "--pad-to-multiple-of", "8",
+               "--context-parallel-size", "2", "--seed", "5", "--format", "sharegpt")
+    assert res.exit_code == 0, res.output
+    assert "reading + tokenizing records" in res.output and "building + writing packs" in res.output
+    ds = load_packed(out, expect={"capacity": 2048, "context_parallel_size": 2, "pad_to_multiple_of": 8,
+                                  "effective_pad_multiple": 8, "algorithm": "first_fit_decreasing", "seed": 5})
+    assert ds.metadata.counts["records_read"] == 500
+    assert ds.metadata.format == "sharegpt"
+    ds[0].validate(capacity=2048, context_parallel_size=2, multiple=8)
+
+
+def test_existing_output_needs_overwrite(packed_dir):
+    out, _ = packed_dir
+    res = _run("pack", "--output", out, "--seq-length", "1024", "-q")
+    assert "--overwrite" in _user_error(res, 1)
+    res = _run("pack", "--output", out, "--seq-length", "1024", "-q", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert load_packed(out).metadata.seq_length == 1024
+
+
+def test_B23_bad_capacity_for_cp_is_a_usage_error(tmp_path):
+    res = _run("pack", "--output", tmp_path / "o", "--seq-length", "150", "--context-parallel-size", "2")
+    msg = _user_error(res, 2)
+    assert "seq_length=150" in msg and "context_parallel_size=2" in msg and not (tmp_path / "o").exists()
+
+
+def test_user_errors_are_messages_not_tracebacks(tmp_path):
+    res = _run("pack", tmp_path / "missing.json", "--output", tmp_path / "o")
+    assert "missing.json" in _user_error(res, 1)
+    res = _run("pack", "--output", tmp_path / "o", "--algorithm", "magic")
+    assert "unknown algorithm 'magic'" in _user_error(res, 2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{not json\n')
+    res = _run("pack", bad, "--output", tmp_path / "o", "-q")
+    assert "bad.jsonl" in _user_error(res, 1)
+    res = _run("inspect", tmp_path)
+    assert "metadata.json is missing" in _user_error(res, 1)
+
+
+def test_inspect_writes_report_png(packed_dir, tmp_path):
+    out, _ = packed_dir
+    res = _run("inspect", out)
+    assert res.exit_code == 0, res.output
+    assert "packing efficiency" in res.output
+    with Image.open(out / "report.png") as im:
+        assert im.format == "PNG" and im.size[0] > 400
+    target = tmp_path / "plots" / "r.png"
+    res = _run("inspect", out, "--plot", target)
+    assert res.exit_code == 0 and target.is_file()
+    assert load_packed(out)  # the PNG and cache do not break the dataset checks
+
+
+def test_algorithms_lists_one_line_each():
+    res = _run("algorithms")
+    assert res.exit_code == 0
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == len(PackingAlgorithm)
+    for a, line in zip(PackingAlgorithm, lines):
+        assert line.split()[0] == a.value
+        assert len(line.split()) > 2  # has a description
+    assert [ln for ln in lines if "(default)" in ln][0].split()[0] == PackingAlgorithm(DEFAULT_ALGORITHM).value
