@@ -389,3 +389,17 @@ def test_media_sample_is_not_cut(tmp_path, qwen3_tokenizer):
     assert "<image>" in qwen3_tokenizer.decode(s.input_ids.tolist())
     out, rep = prepare(p, qwen3_tokenizer, seq_length=20)
     assert out == [] and rep.entries[0].reason == "overlength_media"
+
+
+def test_encode_texts_matches_transformers_call(qwen3_tokenizer):
+    from seqpack.data import encode_texts
+
+    tok = qwen3_tokenizer
+    texts = ["<|im_start|>user\nhé {{x}}<|im_end|>\n", "  spaces\n\n\ttabs 123456 ", ""]
+    got = encode_texts(tok, texts, [[(0, 5)], [], []])
+    ref = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    for (ids, tr), r_ids, r_off in zip(got, ref["input_ids"], ref["offset_mapping"]):
+        assert ids.tolist() == r_ids
+    assert got[0][1].tolist() == [o[0] < 5 for o in ref["offset_mapping"][0]]
+    assert not got[1][1].any() and got[2][0].shape == (0,)
+    assert all(tr.all() for _, tr in encode_texts(tok, texts[:2], [[], []], train_on="all"))

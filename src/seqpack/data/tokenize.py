@@ -266,26 +266,35 @@ def encode_texts(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer, so it has no "
             "character offsets. Fix: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
-    enc = tokenizer(
-        list(texts),
-        add_special_tokens=False,
-        return_offsets_mapping=(train_on == "assistant"),
-        return_attention_mask=False,
-        return_token_type_ids=False,
-        verbose=False,
-    )
+    want_offsets = train_on == "assistant"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch"):
+        # the same call transformers' fast tokenizer makes, without its per-text Python conversion
+        encs = backend.encode_batch(list(texts), add_special_tokens=False)
+        all_ids = [e.ids for e in encs]
+        all_offsets = [e.offsets for e in encs] if want_offsets else None
+    else:  # pragma: no cover - fast tokenizers always have a backend
+        enc = tokenizer(
+            list(texts),
+            add_special_tokens=False,
+            return_offsets_mapping=want_offsets,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
+        all_ids = enc["input_ids"]
+        all_offsets = enc["offset_mapping"] if want_offsets else None
     out: list[tuple[np.ndarray, np.ndarray]] = []
-    all_ids = enc["input_ids"]
     for i, ids_list in enumerate(all_ids):
         ids = np.asarray(ids_list, dtype=np.int32)
-        if train_on == "all":
+        if not want_offsets:
             out.append((ids, np.ones(ids.shape[0], dtype=bool)))
             continue
         sp = spans[i]
         if not sp or ids.shape[0] == 0:
             out.append((ids, np.zeros(ids.shape[0], dtype=bool)))
             continue
-        starts = np.fromiter((o[0] for o in enc["offset_mapping"][i]), dtype=np.int64, count=ids.shape[0])
+        starts = np.asarray(all_offsets[i], dtype=np.int64)[:, 0]
         bounds = np.asarray(sp, dtype=np.int64).reshape(-1)
         # position in [s0, e0, s1, e1, ...]: odd -> inside a span (start inclusive, end exclusive)
         trainable = (np.searchsorted(bounds, starts, side="right") % 2) == 1
