@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from seqpack.algorithms import pack_lengths
 from seqpack.config import RULES, ConfigValidationError, PackingConfig
 from seqpack.padding import compute_pad_multiple
 
@@ -76,7 +80,7 @@ CASES = [
      {"packing", "mtp_num_layers"}),
     ("multimodal_mtp", dict(packing="streaming", mtp_num_layers=1, mtp_ready_packing=True, multimodal=True),
      dict(packing="streaming", mtp_num_layers=1, mtp_ready_packing=True, multimodal=False),
-     {"mtp_num_layers", "multimodal", "mtp_ready_packing"}),
+     {"mtp_num_layers", "multimodal", "mtp_ready_packing", "packing"}),
     ("multimodal_mtp", dict(model_family="qwen3_5_vl", packing="in_batch", micro_batch_size=2,
                             linear_attention_varlen=True, mtp_num_layers=1),
      dict(model_family="qwen3_5_vl", packing="in_batch", micro_batch_size=2, linear_attention_varlen=True),
@@ -98,10 +102,6 @@ CASES = [
      dict(model_family="qwen3_5_vl", linear_attention_varlen=True, packing="in_batch", micro_batch_size=2),
      {"model_family", "packing"}),
 ]
-
-
-def _ids(case):
-    return case[0]
 
 
 @pytest.mark.parametrize("rule,bad,good,keys", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
@@ -240,3 +240,41 @@ def test_validate_is_fast():
     for _ in range(100):
         c.violations()
     assert time.perf_counter() - t0 < 1.0  # 100 validations; measured ~10 ms
+
+
+@settings(deadline=None, max_examples=100)
+@given(
+    seq_length=st.integers(1, 5000),
+    mult=st.sampled_from([1, 2, 3, 4, 8, 16]),
+    cp=st.sampled_from([1, 2, 3, 4]),
+    tp=st.sampled_from([1, 2, 4]),
+    sp=st.booleans(),
+    packing=st.sampled_from(["offline", "in_batch", "streaming", "none"]),
+    mbs=st.integers(1, 4),
+    flatten=st.booleans(),
+    per_token=st.booleans(),
+)
+def test_any_valid_config_plans_and_pads_consistently(seq_length, mult, cp, tp, sp, packing, mbs, flatten, per_token):
+    """Whatever passes validate() can be handed to the planner with the one pad multiple (B23/B24)."""
+    c = PackingConfig(seq_length=seq_length, pad_to_multiple_of=mult, context_parallel_size=cp,
+                      tensor_model_parallel_size=tp, sequence_parallel=sp, packing=packing, micro_batch_size=mbs,
+                      flatten_micro_batch=flatten, calculate_per_token_loss=per_token,
+                      average_in_collective=not per_token)
+    found = c.violations()
+    assert found == c.violations()  # deterministic
+    if found:
+        with pytest.raises(ConfigValidationError):
+            c.validate()
+        return
+    eff = c.effective_pad_multiple
+    if packing != "none" or cp > 1:
+        assert seq_length % eff == 0 and seq_length % (2 * cp if cp > 1 else 1) == 0
+    if packing == "offline":
+        assert mbs == 1
+    if packing == "in_batch":
+        assert mbs > 1
+    if cp > 1:
+        assert per_token
+    if packing != "none":
+        plan = pack_lengths(np.ones(3, dtype=np.int64), seq_length, pad_to_multiple_of=eff)
+        assert int(plan.bin_loads.max()) <= seq_length

@@ -365,6 +365,8 @@ def _mm_mtp(cfg, ctx):
     if cfg.mtp_num_layers == 0 or not cfg.is_multimodal or not (ctx.packs or cfg.mtp_ready_packing):
         return []
     keys = ["mtp_num_layers", "model_family" if cfg.multimodal is None else "multimodal"]
+    if ctx.packs:
+        keys.append("packing")
     if cfg.mtp_ready_packing:
         keys.append("mtp_ready_packing")
     return [_v("multimodal_mtp", keys, f"MTP with a multimodal model: {MTP_MULTIMODAL_REASON}",
