@@ -316,3 +316,25 @@ def test_fingerprint_depends_on_content_and_settings_not_location(tmp_path):
     assert compute_fingerprint([describe_input(b)], s) != fa
     d = describe_input(tmp_path / "one")
     assert d["bytes"] == a.stat().st_size and d["sha256"]
+
+
+def test_read_only_dataset_dir_falls_back_to_temp_cache(written, monkeypatch, tmp_path):
+    import tempfile
+
+    from seqpack.io import PackedDataset
+
+    out = written[0]
+    real_convert = PackedDataset._convert
+
+    def convert(parquet, cache):
+        if out in cache.parents:
+            raise PermissionError(f"read-only: {cache}")
+        return real_convert(parquet, cache)
+
+    monkeypatch.setattr(PackedDataset, "_convert", staticmethod(convert))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    ds = load_packed(out)
+    assert ds[4].sample_ids == ["h"] and ds[0].sample_ids == ["a", "b"]
+    assert not (out / ".cache").exists()
+    assert len(list((tmp_path / "tmp" / "seqpack-arrow-cache").rglob("*.arrow"))) == 3

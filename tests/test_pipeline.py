@@ -159,6 +159,15 @@ def test_bad_settings_name_their_keys(tmp_path):
         pack_dataset(None, tmp_path / "x", context_parallel_size=0)
     with pytest.raises(PackConfigError, match="seq_length"):
         pack_dataset(None, tmp_path / "x", seq_length=0)
+    with pytest.raises(PackConfigError, match="overlength='chop'.*truncate"):
+        pack_dataset(None, tmp_path / "x", overlength="chop")
+    with pytest.raises(PackConfigError, match="train_on='everything'"):
+        pack_dataset(None, tmp_path / "x", train_on="everything")
+    with pytest.raises(PackConfigError, match="format='csv'.*sharegpt"):
+        pack_dataset(None, tmp_path / "x", format="csv")
+    with pytest.raises(PackConfigError, match="on_error='ignore'"):
+        pack_dataset(None, tmp_path / "x", on_error="ignore")
+    assert not (tmp_path / "x").exists()
 
 
 def test_progress_callback_sees_every_stage(tmp_path, qwen3_tokenizer):

@@ -103,6 +103,24 @@ def _validate_settings(seq_length: int, pad_to_multiple_of: int, context_paralle
     return m
 
 
+def _validate_policies(**given: Any) -> None:
+    """Check the data-preparation policies up front (before loading a tokenizer or reading data)."""
+    from seqpack.data.formats import FORMATS
+    from seqpack.data.prepare import ON_ERROR
+    from seqpack.data.tokenize import OVERLENGTH_POLICIES, TRAIN_ON
+
+    allowed = {
+        "overlength": OVERLENGTH_POLICIES,
+        "on_error": ON_ERROR,
+        "train_on": TRAIN_ON,
+        "format": ("auto", None, *FORMATS),
+    }
+    for key, val in given.items():
+        if val not in allowed[key]:
+            choices = ", ".join(str(c) for c in allowed[key] if c is not None)
+            raise PackConfigError(f"{key}={val!r} is not valid (--{key.replace('_', '-')}); choose one of: {choices}")
+
+
 def _tokenizer_hashes(tok: Any) -> tuple[str | None, str | None]:
     try:  # the data module's fingerprint is the one source of truth when it is there
         from seqpack.data.tokenizer import tokenizer_fingerprint  # type: ignore
@@ -221,6 +239,7 @@ def pack_dataset(
     stages = _Stages(progress)
     m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
     algo = resolve_algorithm(algorithm)
+    _validate_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
     output = Path(output)
     check_output_dir(output, overwrite)
     if inputs is None:
