@@ -364,3 +364,18 @@ def test_bin_ids_roundtrip():
     ids = plan.bin_ids()
     for j, b in enumerate(plan.bins):
         assert np.all(ids[b] == j)
+
+
+def test_huge_capacity_in_units_is_rejected_with_hint():
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        pack_lengths([1], (1 << 24) + 1)
+    assert pack_lengths([1, 5], (1 << 24) + 8, pad_to_multiple_of=8).num_bins == 1
+
+
+def test_leveling_uses_swaps_when_sand_is_scarce():
+    # 50k lognormal lengths have too few short samples to level the tail pack by moves alone
+    x = lognormal(50_000)
+    bfd = pack_lengths(x, 4096, "best_fit_decreasing")
+    plan = pack_lengths(x, 4096)
+    assert plan.num_bins == bfd.num_bins and bfd.load_spread > 2000
+    assert plan.bin_loads.max() == bfd.bin_loads.max() and plan.load_spread <= 20

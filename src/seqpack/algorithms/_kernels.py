@@ -568,8 +568,9 @@ def level(sizes, bin_of, nb, cap, tol):
 
     Floor F = min(max_load - tol, floor(mean load)). Every bin below F receives, largest first,
     items of size <= max_load - F that sit in bins which stay >= F after giving them, without
-    rising above max_load; so the bin count and max load never change and no bin exceeds cap.
-    Modifies ``bin_of`` in place; returns the number of moved items. O(n + moves * log cap)."""
+    rising above max_load; then ``_level_swaps`` handles bins still below F. The bin count and
+    max load never change and no bin exceeds cap. Modifies ``bin_of`` in place; returns the
+    number of moves + swaps. O(n + moves * log cap)."""
     n = sizes.shape[0]
     if nb <= 1:
         return 0

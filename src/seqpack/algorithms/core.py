@@ -37,7 +37,7 @@ class PackingAlgorithm(str, Enum):
     ``best_fit_decreasing``                   bin count, tight bins               O(n log C)      Johnson 1973 BFD; TRL ``bfd`` (PR #3521)
     ``modified_first_fit_decreasing``         bin count (71/60 OPT)               O(n log n)      Johnson & Garey 1985; bound Yue & Zhang 1995
     ``greedy_knapsack``                       fill one pack at a time             O(n log C)      LLaMA-Factory ``greedy_knapsack``
-    ``balanced_greedy_knapsack``              equal loads over L1 packs (LPT)     O(n log n)      Energon / NeMo-RL balanced greedy knapsack
+    ``balanced_greedy_knapsack``              equal loads (LPT, lazy opening)     O(n log n)      Energon / NeMo-RL balanced greedy knapsack
     ``randomized_best_fit``                   random pack content, few bins       O(n log C)      this library (shuffled best fit + sand)
     ``balanced_best_fit`` (default)           bin count AND equal loads           O(n log C)      this library (BFD + sand leveling +
                                                                                                   FFD/MFFD/MBS portfolio guard)
@@ -59,6 +59,10 @@ class PackingAlgorithm(str, Enum):
 
 
 DEFAULT_ALGORITHM = PackingAlgorithm.balanced_best_fit
+
+#: Largest ``capacity // pad_to_multiple_of`` accepted: the kernels index tables by length
+#: (counting sort, best-fit buckets), O(capacity) memory: 2**24 units is ~300 MB.
+MAX_CAPACITY_UNITS = 1 << 24
 
 
 @dataclass
@@ -289,20 +293,29 @@ def _pack_greedy_knapsack(sizes, cap, seed):
     return K.greedy_knapsack(sizes, cap)
 
 
-#: Packs opened up front by balanced_greedy_knapsack, as a multiple of L1. Chosen by measurement
-#: (benchmarks/bench_algorithms.py, lognormal SFT mix, C=4096): 1.0 gives utilization ~0.99 and
-#: load spread within a few tokens of ... ; any factor f > 1 caps utilization near 1/f, and an
-#: implementation that opened one pack per "expected sample group" collapsed to 0.384.
-BALANCED_GREEDY_BIN_FACTOR = 1.0
+#: Packs opened up front by balanced_greedy_knapsack, as a multiple of L1 (at least 1 is opened).
+#: Chosen by measurement on 200,000 lognormal SFT lengths (median 250, sigma 1, C = 4096;
+#: L1 = 19,929), packs / utilization / load spread:
+#:   0.0 (open lazily)  19,929 / 1.0000 /     8      <- default
+#:   0.5                19,936 / 0.9996 /    11
+#:   0.9                19,955 / 0.9987 /    13
+#:   1.0                20,032 / 0.9948 /    39
+#:   1.25               24,912 / 0.7999 /   877
+#:   2.6                51,816 / 0.3846 / 2,680      (the utilization collapse reported upstream)
+#: Opening more packs than needed spreads the long samples thinly and every pack ends ~1/factor
+#: full; opening lazily lets each new pack absorb the following samples until it is as full as
+#: the others.
+BALANCED_GREEDY_BIN_FACTOR = 0.0
 
 
 def _pack_balanced_greedy_knapsack(sizes, cap, seed, factor: float = BALANCED_GREEDY_BIN_FACTOR):
     """Balanced greedy knapsack (Energon / NeMo-RL style; LPT of Graham 1969 with a capacity):
-    open ``k = ceil(factor * L1)`` packs, then place samples by length descending, each into the
-    currently least-loaded pack if it fits there; a sample that does not fit there fits nowhere
-    and opens a new pack. Optimises equal pack loads. O(n log k). ``factor`` defaults to
-    :data:`BALANCED_GREEDY_BIN_FACTOR` = 1.0 (measured: larger factors leave every pack
-    1/factor full, which is how a default can collapse utilization to ~0.38)."""
+    open ``k = max(1, ceil(factor * L1))`` packs, then place samples by length descending, each
+    into the currently least-loaded pack if it fits there; a sample that does not fit there fits
+    nowhere and opens a new pack (which, being the least loaded, takes the next samples).
+    Optimises equal pack loads. O(n log k). ``factor`` defaults to
+    :data:`BALANCED_GREEDY_BIN_FACTOR` = 0.0 (open lazily), picked by measurement (table at the
+    constant): factor 1.0 costs 0.5% extra packs and 2.6 collapses utilization to 0.385."""
     total = int(sizes.sum())
     k0 = max(1, int(np.ceil(factor * (-(-total // cap))))) if sizes.size else 0
     return K.balanced_greedy(sizes, K.desc_order(sizes, cap), cap, k0)
@@ -361,9 +374,10 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
        bounded DFS; only for <= 200k items or <= 256 distinct lengths) and keep the fewest packs
        (BFD wins ties), so on small inputs the default never uses more packs than FFD.
     3. Leveling: with F = min(max_load - C/200, floor(mean load)), every pack below F receives,
-       largest first, short samples taken from packs that stay >= F; the pack count and the
-       maximum load never change. On SFT mixes this brings the load spread (max - min) to
-       <= 0.5% of C.
+       largest first, short samples ("sand") taken from packs that stay >= F; where sand runs
+       out, it swaps one of its samples for a slightly longer one from such a pack (chains of
+       swaps). The pack count and the maximum load never change. On SFT mixes this brings the
+       load spread (max - min) to <= 0.5% of C (20 tokens at C = 4096).
     Optimises: pack count first, then equal loads. O(n log C) (+ the portfolio when step 1 is
     not provably optimal)."""
     bin_of, nb = K.best_fit(sizes, K.desc_order(sizes, cap), cap)
@@ -443,7 +457,8 @@ def pack_lengths(
         ValueError: ``lengths`` not 1-D; a length < 1 or > capacity (names the first offending
             indices and values; the over-length policy lives upstream in ``seqpack.data``,
             ``overlength=truncate|drop|split|error``); ``capacity`` < 1; ``pad_to_multiple_of`` < 1;
-            ``capacity % pad_to_multiple_of != 0``; unknown algorithm name.
+            ``capacity % pad_to_multiple_of != 0``; ``capacity // pad_to_multiple_of`` above
+            :data:`MAX_CAPACITY_UNITS`; unknown algorithm name.
     """
     capacity = _as_int("capacity", capacity)
     multiple = _as_int("pad_to_multiple_of", pad_to_multiple_of)
@@ -458,6 +473,12 @@ def pack_lengths(
             f"capacity={capacity} is not divisible by pad_to_multiple_of={multiple}; choose a "
             f"capacity (seq_length) that is a multiple of {multiple}, e.g. "
             f"{(capacity // multiple) * multiple or multiple}"
+        )
+    if capacity // multiple > MAX_CAPACITY_UNITS:
+        raise ValueError(
+            f"capacity={capacity} / pad_to_multiple_of={multiple} = {capacity // multiple} units "
+            f"exceeds the supported {MAX_CAPACITY_UNITS} (the kernels keep O(capacity) tables); "
+            "use a larger pad_to_multiple_of"
         )
     raw = _validate_lengths(lengths)
     if raw.size == 0:
