@@ -163,6 +163,23 @@ def test_llava_errors_missing_image_and_count_mismatch(tmp_path: Path):
     assert ei.value.reason == "image_placeholder_mismatch" and "2 image(s) but 1" in str(ei.value)
 
 
+def test_openai_inline_image_parts(tmp_path: Path):
+    (tmp_path / "a.png").write_bytes(b"x")
+    rec = {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "what?"},
+                                         {"type": "image_url", "image_url": {"url": "https://x/y.jpg"}}]},
+            {"role": "assistant", "content": "a cat"},
+        ]
+    }
+    c = norm(rec, base_dir=tmp_path)
+    assert c.messages[0]["content"] == "<image>what?<image>"
+    assert c.images == [str(tmp_path / "a.png"), "https://x/y.jpg"]
+    with pytest.raises(DataFormatError) as ei:
+        norm({**rec, "images": ["a.png"]}, base_dir=tmp_path)
+    assert ei.value.reason == "image_placeholder_mismatch"
+
+
 def test_none_valued_columns_are_absent():
     # Parquet / datasets give None for missing columns
     c = norm({"instruction": "a", "input": None, "output": "b", "system": None, "history": None,

@@ -347,6 +347,7 @@ class _Ctx:
 
     def __init__(self, raw: RawRecord) -> None:
         self.raw = raw
+        self.inline_images: list[Any] = []  # image references from typed content parts
 
     def err(self, message: str, reason: str, fix: str) -> DataFormatError:
         return DataFormatError(
@@ -614,6 +615,16 @@ def _content_parts(content: Any, ctx: _Ctx, where: str) -> tuple[str, list[str],
         elif ptype == "tool_call":
             calls.extend(_tool_calls_from_json(part.get("value"), ctx, f"{where}[{j}].value"))
         elif ptype in ("image", "image_url"):
+            ref = part.get("image", part.get("image_url", part.get("url", part.get("value"))))
+            if isinstance(ref, dict):
+                ref = ref.get("url", ref.get("path", ref))
+            if ref is None:
+                raise ctx.err(
+                    f"{where}[{j}] is an image part without a reference.",
+                    "bad_content_type",
+                    "give image parts an 'image' path or an 'image_url': {'url': ...}.",
+                )
+            ctx.inline_images.append(ref)
             texts.append(IMAGE_PLACEHOLDER)
         else:
             raise ctx.err(
@@ -671,6 +682,13 @@ def _images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
         if v is None or (isinstance(v, str) and v == ""):
             continue
         refs.extend(v if isinstance(v, (list, tuple)) else [v])
+    if refs and ctx.inline_images:
+        raise ctx.err(
+            "the record has both an image/images column and image parts inside messages.",
+            "image_placeholder_mismatch",
+            "use one way to give images: either the images column with '<image>' placeholders, or image parts.",
+        )
+    refs = refs or list(ctx.inline_images)
     n_ph = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in msgs)
     if not refs:
         return []
@@ -692,6 +710,8 @@ def _images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
 
 
 def _resolve_image(ref: str, ctx: _Ctx) -> str:
+    if ref.startswith(("data:", "http://", "https://", "s3://", "gs://", "hf://")):
+        return ref  # URLs and data URIs are kept as given (loaded by the media stage)
     base = ctx.raw.base_dir
     candidates = [Path(ref)] if Path(ref).is_absolute() or base is None else [base / ref, base / "images" / ref]
     if base is None and not Path(ref).is_absolute():
