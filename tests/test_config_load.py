@@ -219,3 +219,24 @@ def test_B23_packed_data_violations(tmp_path):
     missing = PackingConfig(**{**common, "packed_dataset_path": str(tmp_path / "nope")}).packed_data_violations()
     assert [v.rule for v in missing] == ["packed_data_unreadable"] and "does not exist" in missing[0].problem
     assert PackingConfig().packed_data_violations() == []
+
+
+@pytest.mark.parametrize("flags,mode", [({"packed_sequence": True}, PackingMode.OFFLINE),
+                                        ({"pack_sequences_in_batch": True, "micro_batch_size": 2}, PackingMode.IN_BATCH),
+                                        ({"packed_sequence": False}, PackingMode.NONE),
+                                        ({"packed_sequence": True, "packing": "offline"}, PackingMode.OFFLINE)])
+def test_megatron_bridge_packing_flags(flags, mode):
+    assert PackingConfig.from_dict(flags).packing is mode
+
+
+@pytest.mark.parametrize("flags,text", [
+    ({"packed_sequence": True, "pack_sequences_in_batch": True}, "mutually exclusive"),
+    ({"packed_sequence": True, "packing": "in_batch"}, "packing 'in_batch' contradicts"),
+])
+def test_offline_and_in_batch_flags_mutually_exclusive(flags, text):
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict(flags)
+    v = ei.value.violations[0]
+    assert v.rule == "packing_modes_exclusive"
+    assert {"packed_sequence", "pack_sequences_in_batch"} <= set(v.keys)
+    assert text in v.problem

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from seqpack.config.errors import ConfigValidationError, Violation
 from seqpack.padding import compute_pad_multiple
@@ -166,6 +167,34 @@ class PackingConfig(BaseModel):
     produce_padding_mask: bool = Field(False, description="Emit padding_mask (True = pad) for the MoE router.")
     cuda_graphs: bool = Field(False, validation_alias=_alias("cuda_graphs", "enable_cuda_graph"))
     fp8: str | None = Field(None, description="FP8 recipe/format (e.g. 'hybrid', 'e4m3'); None = off.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _packing_flags(cls, data: Any) -> Any:
+        """Accept Megatron-Bridge's boolean spellings ``packed_sequence`` (offline) and
+        ``pack_sequences_in_batch`` (in-batch); the two are mutually exclusive."""
+        if not isinstance(data, dict) or not ({"packed_sequence", "pack_sequences_in_batch"} & set(data)):
+            return data
+        data = dict(data)
+        offline = bool(data.pop("packed_sequence", False))
+        in_batch = bool(data.pop("pack_sequences_in_batch", False))
+        if offline and in_batch:
+            raise PydanticCustomError(
+                "packing_flags_exclusive",
+                "packed_sequence (offline packing) and pack_sequences_in_batch (in-batch packing) are mutually "
+                "exclusive",
+            )
+        mode = "offline" if offline else "in_batch" if in_batch else "none"
+        given = data.get("packing", data.get("packing_mode"))
+        given = getattr(given, "value", given)
+        if given is not None and given != mode:
+            raise PydanticCustomError(
+                "packing_flags_exclusive",
+                "packing '{given}' contradicts the boolean packing flags, which mean packing '{mode}'",
+                {"given": given, "mode": mode},
+            )
+        data.setdefault("packing", mode)
+        return data
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -372,7 +401,11 @@ def _schema_violations(err: ValidationError) -> list[Violation]:
     out = []
     for e in err.errors():
         key = ".".join(str(x) for x in e.get("loc", ())) or "<root>"
-        if e.get("type") == "extra_forbidden":
+        if e.get("type") == "packing_flags_exclusive":
+            out.append(Violation("packing_modes_exclusive", ("packing", "packed_sequence", "pack_sequences_in_batch"),
+                                 e.get("msg", ""), "choose one packing mode: `packing: offline` (micro_batch_size 1) "
+                                 "or `packing: in_batch` (micro_batch_size > 1)"))
+        elif e.get("type") == "extra_forbidden":
             close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
             fix = f"did you mean {close[0]!r}?" if close else "remove it; `seqpack recipe qwen3_sft` shows the known keys"
             out.append(Violation("schema", (key,), f"unknown config key {key!r}", fix))
