@@ -105,3 +105,16 @@ def test_B23_validate_checks_stored_packed_data(tmp_path):
     r = invoke("validate", str(cfg))
     assert r.exit_code == 1 and "stale_packed_data" in r.output and "context_parallel_size" in r.output
     assert invoke("validate", str(cfg), "--no-check-data").exit_code == 0
+
+
+def test_families_command():
+    r = invoke("families")
+    assert r.exit_code == 0
+    for key in ("llama3", "qwen3_next", "glm4_5", "qwen3_5_vl", "deepseek_v3", "mixtral", "nemotron_omni"):
+        assert key in r.output
+    r = invoke("families", "Qwen3-Next")
+    assert r.exit_code == 0
+    assert "packing modes: none" in r.output and "opt-out offline, in_batch, streaming" in r.output
+    assert "qwen3_next.py" in r.output
+    r = invoke("families", "gpt5")
+    assert r.exit_code == 1 and "unknown model family" in r.output

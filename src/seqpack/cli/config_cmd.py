@@ -110,3 +110,37 @@ def recipe_cmd(
         console.print(f"wrote {output}")
         return
     typer.echo(text, nl=False)
+
+
+@app.command("families")
+def families_cmd(
+    name: Optional[str] = typer.Argument(None, help="Family key or alias; omit to list every family."),
+) -> None:
+    """Show the model-family registry (packing modes, positions, attention kinds, MTP, opt-outs, sources)."""
+    from seqpack.config import get_family, list_families
+
+    console = _console()
+    if name is None:
+        table = Table(title="seqpack model families (seqpack families NAME shows opt-outs and sources)")
+        for col in ("family", "modality", "positions", "packing modes", "attention kinds", "MoE", "MTP"):
+            table.add_column(col)
+        for f in list_families():
+            table.add_row(f.key, f.modality, f.position_type, ", ".join(f.packing_modes),
+                          ", ".join(f.attention_kinds), "yes" if f.moe else "", "yes" if f.mtp else "")
+        console.print(table)
+        return
+    try:
+        f = get_family(name)
+    except KeyError as e:
+        console.print(f"[red]{e.args[0]}[/red]")
+        raise typer.Exit(1)
+    console.print(f"[bold]{f.key}[/bold] ({f.name}): {f.modality}, positions {f.position_type}, "
+                  f"attention {', '.join(f.attention_kinds)}, MoE {'yes' if f.moe else 'no'}, "
+                  f"MTP {'yes' if f.mtp else 'no'}")
+    console.print(f"packing modes: {', '.join(f.packing_modes)}")
+    if f.aliases:
+        console.print(f"aliases: {', '.join(f.aliases)}")
+    for o in f.opt_outs:
+        console.print(f"opt-out {', '.join(o.modes)}: {o.reason} [source: {o.source}]")
+    for s in f.sources:
+        console.print(f"source: {s}")
