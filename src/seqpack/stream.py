@@ -77,11 +77,16 @@ __all__ = [
     "pack_selected_samples",
     "sample_length",
     "STATE_VERSION",
+    "STREAM_DEFAULT_ALGORITHM",
 ]
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+#: The packer's default algorithm. Best-fit decreasing leaves the slack of a round in its last few
+#: packs, which carry-over can then refill; "balanced" algorithms spread the slack over every pack,
+#: so nothing falls under ``carry_fill`` and carry-over cannot help (measured in bench_stream.py).
+STREAM_DEFAULT_ALGORITHM = "best_fit_decreasing"
 OUTPUTS = ("packed", "samples", "indices")
 
 
@@ -334,8 +339,9 @@ class StreamingPacker(IterableDataset):
         capacity: tokens per pack (``seq_length`` of the packed rows), divisible by
             ``pad_to_multiple_of``.
         packing_buffer_size: samples the buffer holds when the algorithm runs (>= 1).
-        algorithm: :class:`~seqpack.algorithms.PackingAlgorithm` (or value), ``None`` = default, or a
-            callable ``(lengths int64[n], capacity, seed) -> list[int arrays]``.
+        algorithm: :class:`~seqpack.algorithms.PackingAlgorithm` (or value), ``None`` =
+            :data:`STREAM_DEFAULT_ALGORITHM` (best-fit decreasing), or a callable
+            ``(lengths int64[n], capacity, seed) -> list[int arrays]``.
         pad_to_multiple_of: per-segment pad multiple (from ``compute_pad_multiple``).
         pad_token_id: id for padding slots (``output="packed"``).
         pad_to_max_length: pad each row to ``capacity`` (static shapes).
@@ -348,7 +354,9 @@ class StreamingPacker(IterableDataset):
             (int64 array of source keys).
         carry_fill: packs with load below ``carry_fill * capacity`` may be carried over (0 = never).
         carry_fraction: at most this fraction of the buffer is carried into the next round.
-        max_wait: a sample is carried at most this many rounds (bounded latency).
+        max_wait: a sample is carried at most this many rounds (bounded latency: it leaves the
+            packer within ``max_wait + 1`` rounds, i.e. before about ``(max_wait + 1) *
+            packing_buffer_size`` further source samples have been read).
         length_fn: item -> tokens (default :func:`sample_length`).
 
     Attributes:
@@ -378,9 +386,9 @@ class StreamingPacker(IterableDataset):
         drop_last: bool = False,
         overlength: str = "error",
         output: str = "packed",
-        carry_fill: float = 0.995,
-        carry_fraction: float = 0.5,
-        max_wait: int = 4,
+        carry_fill: float = 0.999,
+        carry_fraction: float = 0.3,
+        max_wait: int = 8,
         length_fn: Callable[[Any], int] | None = None,
     ) -> None:
         super().__init__()
@@ -412,7 +420,9 @@ class StreamingPacker(IterableDataset):
         self.source = source
         self.capacity = int(capacity)
         self.packing_buffer_size = int(packing_buffer_size)
-        self.algorithm_name, self._run_algorithm = _resolve_algorithm(algorithm)
+        self.algorithm_name, self._run_algorithm = _resolve_algorithm(
+            STREAM_DEFAULT_ALGORITHM if algorithm is None else algorithm
+        )
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.pad_token_id = int(pad_token_id)
         self.pad_to_max_length = bool(pad_to_max_length)
