@@ -641,7 +641,7 @@ def pad_cu_seqlens(
     if max_samples_per_bin < n:
         raise ValueError(f"max_samples_per_bin={max_samples_per_bin} < this row's {n} segments ({packed.sample_ids[:4]}...)")
     seq_length = packed.extra.get("seq_length")
-    if not packed.extra.get("pad_to_max_length", False) or seq_length is None or packed.length != seq_length:
+    if seq_length is None or packed.length != seq_length:
         raise ValueError(
             f"static cu_seqlens need every row padded to the same length: this row has T={packed.length} "
             f"(seq_length={seq_length}, pad_to_max_length={packed.extra.get('pad_to_max_length', False)}); "

@@ -15,9 +15,15 @@ Method (:func:`balance_packs`), numpy only:
    rank (with fewer than ``micro_batches`` packs) that minimises the larger of its normalised token
    and cost loads: Graham's longest-processing-time rule (1969) in its multi-dimensional
    ("vector scheduling") form; the cap keeps exactly ``micro_batches`` packs per rank.
-3. **Order.** Steps are shuffled with a seeded RNG so training sees no length curriculum; inside a
+3. **Refinement.** Sweeps over neighbouring steps (in cost order) try every single-pack swap
+   between the two and keep one when it lowers the worse step's score (a 2-opt style local search
+   that fixes the tail, e.g. an under-filled pack among full ones).
+   Then a global repair: the currently worst step swaps one pack with the best partner slot
+   anywhere in the plan (min-max local search), until every step is on target, no swap helps, or
+   the repair budget is spent.
+4. **Order.** Steps are shuffled with a seeded RNG so training sees no length curriculum; inside a
    rank, micro-batches keep descending cost.
-4. **Remainder.** When the pack count is not a multiple of ``dp_size * micro_batches`` the last step
+5. **Remainder.** When the pack count is not a multiple of ``dp_size * micro_batches`` the last step
    has ``ceil(rest / dp_size)`` micro-batches per rank and at most ``dp_size - 1`` empty filler
    slots (``-1``), i.e. at most one filler per rank; every pack is scheduled exactly once.
 
@@ -186,6 +192,10 @@ def balance_packs(
     token_cap: int | None = None,
     seed: int = 0,
     shuffle_steps: bool = True,
+    refine_passes: int = 2,
+    max_repairs: int = 200,
+    token_tolerance: float = 1e-3,
+    cost_tolerance: float = 0.05,
 ) -> BalancePlan:
     """Assign packs to steps, DP ranks and micro-batches with even tokens and attention cost.
 
@@ -198,6 +208,13 @@ def balance_packs(
         token_cap: refuse any pack above this many tokens (usually the pack capacity).
         seed: RNG seed for the step order.
         shuffle_steps: shuffle steps (True) or keep them in descending-cost order.
+        refine_passes: sweeps of pairwise swaps between neighbouring steps (in cost order) that
+            lower the worse step's score ``max(token_spread / token_tolerance,
+            (cost_max/mean - 1) / cost_tolerance)``; 0 disables.
+        max_repairs: budget of global repairs: the worst step (by that score) swaps one pack with
+            the best partner among *all* full steps, as long as the worst score drops; 0 disables.
+        token_tolerance, cost_tolerance: the scales of that score (targets: 0.1% token spread,
+            attention-cost max/mean 1.05).
 
     Returns:
         :class:`BalancePlan`; every pack appears exactly once; at most one filler per rank.
@@ -232,6 +249,10 @@ def balance_packs(
             c_load[r] += cost[i]
         fillers += int(np.sum(grid == FILLER))
         steps.append(grid)
+    if refine_passes > 0:
+        _refine(steps, tokens, cost, mb, refine_passes, token_tolerance, cost_tolerance)
+    if max_repairs > 0:
+        _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance)
     if shuffle_steps and len(steps) > 1:
         rng = np.random.default_rng(seed)
         # keep a partial (filler) step last so every other step has the full shape
@@ -241,6 +262,130 @@ def balance_packs(
         steps = [body[k] for k in perm] + ([steps[-1]] if last_partial else [])
     return BalancePlan(steps=steps, dp_size=dp, micro_batches=mb, num_fillers=fillers,
                        method="cost-sorted steps + vector LPT with cardinality cap (Graham 1969)")
+
+
+def _parts(tl: np.ndarray, cl: np.ndarray, tt: float, ct: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step (token spread / tt, (cost max/mean - 1) / ct) from per-rank loads ``[..., dp]``."""
+    tm = np.maximum(tl.mean(axis=-1), 1e-12)
+    cm = np.maximum(cl.mean(axis=-1), 1e-12)
+    return (tl.max(axis=-1) - tl.min(axis=-1)) / tm / tt, (cl.max(axis=-1) / cm - 1.0) / ct
+
+
+def _refine(steps, tokens, cost, mb, passes, tt, ct, window=2) -> None:
+    """Pairwise swaps between nearby full steps (in place), vectorised over all swap pairs.
+
+    A swap is kept when it lowers the pair's score ``max(token part, cost part)`` without pushing
+    either part of either step above ``max(its old pair value, 1)`` (1 = on target), so fixing one
+    metric never spoils the other beyond its target.
+    """
+    full = [k for k, s in enumerate(steps) if s.shape[1] == mb and not np.any(s == FILLER)]
+    for _ in range(passes):
+        improved = 0
+        pairs = [(full[x], full[x + d]) for d in range(1, window + 1) for x in range(len(full) - d)]
+        for a, b in pairs:
+            A, B = steps[a], steps[b]
+            tla, cla = tokens[A].sum(1).astype(np.float64), cost[A].sum(1)
+            tlb, clb = tokens[B].sum(1).astype(np.float64), cost[B].sum(1)
+            tpa, cpa = _parts(tla, cla, tt, ct)
+            tpb, cpb = _parts(tlb, clb, tt, ct)
+            cur = max(tpa, cpa, tpb, cpb)
+            if cur <= 1.0:
+                continue
+            t_lim, c_lim = max(tpa, tpb, 1.0), max(cpa, cpb, 1.0)
+            dp = A.shape[0]
+            fa, fb = A.reshape(-1), B.reshape(-1)  # flat slot f belongs to rank f // mb
+            ea = np.eye(dp)[np.arange(fa.size) // mb]
+            eb = np.eye(dp)[np.arange(fb.size) // mb]
+            dt = tokens[fb][None, :].astype(np.float64) - tokens[fa][:, None]  # [na, nb]: B's pack in, A's out
+            dc = cost[fb][None, :] - cost[fa][:, None]
+            t1, c1 = _parts(tla + dt[:, :, None] * ea[:, None, :], cla + dc[:, :, None] * ea[:, None, :], tt, ct)
+            t2, c2 = _parts(tlb - dt[:, :, None] * eb[None, :, :], clb - dc[:, :, None] * eb[None, :, :], tt, ct)
+            tnew, cnew = np.maximum(t1, t2), np.maximum(c1, c2)
+            sc = np.maximum(tnew, cnew)
+            sc[(tnew > t_lim + 1e-12) | (cnew > c_lim + 1e-12)] = np.inf
+            i, j = np.unravel_index(int(np.argmin(sc)), sc.shape)
+            if sc[i, j] < cur - 1e-9:
+                A.reshape(-1)[i], B.reshape(-1)[j] = fb[j], fa[i]
+                improved += 1
+        if not improved:
+            break
+
+
+def _excl(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For loads ``[..., dp]``: max and min over the *other* ranks, for every rank (top-2 trick)."""
+    dp = x.shape[-1]
+    if dp == 1:
+        return np.full_like(x, -np.inf), np.full_like(x, np.inf)
+    srt = np.sort(x, axis=-1)
+    top1, top2 = srt[..., -1:], srt[..., -2:-1]
+    low1, low2 = srt[..., :1], srt[..., 1:2]
+    amax = np.argmax(x, axis=-1)[..., None] == np.arange(dp)
+    amin = np.argmin(x, axis=-1)[..., None] == np.arange(dp)
+    return np.where(amax, top2, top1), np.where(amin, low2, low1)
+
+
+def _repair_worst(steps, tokens, cost, mb, budget, tt, ct) -> None:
+    """Min-max repair: the worst full step swaps one pack with the best slot of any other full step.
+
+    Kept swaps lower the worst step's score, leave the partner below that score, and never raise the
+    plan's worst token part or worst cost part (Pareto-monotone); a step no swap can help is skipped.
+    """
+    full = [k for k, s in enumerate(steps) if s.shape[1] == mb and not np.any(s == FILLER)]
+    if len(full) < 2:
+        return
+    grid = np.stack([steps[k] for k in full])  # [S, dp, mb]
+    S, dp, _ = grid.shape
+    na = dp * mb
+    tok = tokens.astype(np.float64)
+    rank_of = np.arange(na) // mb
+    tl = tok[grid].sum(-1)  # [S, dp]
+    cl = cost[grid].sum(-1)
+    stuck = np.zeros(S, dtype=bool)
+    for _ in range(budget):
+        tp, cp = _parts(tl, cl, tt, ct)
+        sc = np.where(stuck, -np.inf, np.maximum(tp, cp))
+        a = int(np.argmax(sc))
+        cur = float(sc[a])
+        if cur <= 1.0:
+            break
+        t_lim, c_lim = max(float(tp.max()), 1.0), max(float(cp.max()), 1.0)  # global worsts never grow
+        fa = grid[a].reshape(-1)
+        flat = grid.reshape(S, na)
+        dt = tok[flat][None, :, :] - tok[fa][:, None, None]  # [na(i in A), S, na(j in B)]
+        dc = cost[flat][None, :, :] - cost[fa][:, None, None]
+        ra, rb = rank_of, rank_of
+        # step A after the swap: rank ra[i] gains dt
+        tmx, tmn = _excl(tl[a])
+        cmx, _ = _excl(cl[a])
+        va = tl[a][ra][:, None, None] + dt
+        ua = cl[a][ra][:, None, None] + dc
+        ta_new = (np.maximum(tmx[ra][:, None, None], va) - np.minimum(tmn[ra][:, None, None], va)) / (
+            np.maximum((tl[a].sum() + dt) / dp, 1e-12)) / tt
+        ca_new = (np.maximum(cmx[ra][:, None, None], ua) / np.maximum((cl[a].sum() + dc) / dp, 1e-12) - 1.0) / ct
+        # step B after the swap: rank rb[j] loses dt
+        bmx, bmn = _excl(tl)  # [S, dp]
+        bcmx, _ = _excl(cl)
+        vb = tl[:, rb][None, :, :] - dt
+        ub = cl[:, rb][None, :, :] - dc
+        tb_new = (np.maximum(bmx[:, rb][None], vb) - np.minimum(bmn[:, rb][None], vb)) / (
+            np.maximum((tl.sum(-1)[None, :, None] - dt) / dp, 1e-12)) / tt
+        cb_new = (np.maximum(bcmx[:, rb][None], ub) / np.maximum((cl.sum(-1)[None, :, None] - dc) / dp, 1e-12)
+                  - 1.0) / ct
+        new = np.maximum(ta_new, ca_new)  # the worst step's new score
+        bad = (ta_new > t_lim + 1e-12) | (tb_new > t_lim + 1e-12) | (ca_new > c_lim + 1e-12) | (cb_new > c_lim + 1e-12)
+        new = np.where(bad | (np.maximum(tb_new, cb_new) >= cur), np.inf, new)
+        new[:, a, :] = np.inf
+        i, b, j = np.unravel_index(int(np.argmin(new)), new.shape)
+        if not new[i, b, j] < cur - 1e-9:
+            stuck[a] = True
+            continue
+        pa, pb = int(fa[i]), int(flat[b, j])
+        grid[a].reshape(-1)[i], grid[b].reshape(-1)[j] = pb, pa
+        for k in (a, b):
+            tl[k] = tok[grid[k]].sum(-1)
+            cl[k] = cost[grid[k]].sum(-1)
+    for n, k in enumerate(full):
+        steps[k][...] = grid[n]
 
 
 def round_robin_plan(num_packs: int, dp_size: int, micro_batches: int = 1) -> BalancePlan:
