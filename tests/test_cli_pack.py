@@ -40,7 +40,7 @@ def test_pack_without_inputs_packs_the_embedded_sample(packed_dir):
     for label in ("records read", "samples packed", "packs / lower bound", "packing efficiency", "time"):
         assert label in output
     md = json.loads((out / "metadata.json").read_text())
-    assert md["counts"]["records_read"] == 40 and md["counts"]["samples_packed"] == 40
+    assert md["counts"]["records_read"] == 46 and md["counts"]["samples_packed"] == 46
     assert f"{md['num_packs']} / {md['lower_bound']}" in output
     assert len(load_packed(out)) == md["num_packs"] >= 2
 

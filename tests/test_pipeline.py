@@ -14,6 +14,7 @@ from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
 
 IGN = -100
 END = "<|im_end|>"
+N_SAMPLE = 46  # records in the embedded sample_chat.jsonl
 
 
 def _runs(labels: np.ndarray) -> list[np.ndarray]:
@@ -47,7 +48,7 @@ def sample_pack(tmp_path_factory, qwen3_tokenizer):
 def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer):
     res = sample_pack
     m = res.metadata
-    assert m.counts["records_read"] == 40 and m.counts["samples_packed"] == 40
+    assert m.counts["records_read"] == N_SAMPLE and m.counts["samples_packed"] == N_SAMPLE
     assert m.num_packs == m.lower_bound == res.plan.num_bins
     ds = load_packed(res.output, expect={"capacity": 1024, "context_parallel_size": 1})
     seen = []
@@ -56,7 +57,7 @@ def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer)
         p = ds[i].validate(capacity=1024)
         seen += p.sample_ids
         tokens += p.num_real_tokens
-    assert sorted(seen) == sorted(f"sample_chat.jsonl:{k}" for k in range(40))
+    assert sorted(seen) == sorted(f"sample_chat.jsonl:{k}" for k in range(N_SAMPLE))
     assert tokens == m.counts["tokens"]
     assert m.packing_efficiency == pytest.approx(tokens / (m.num_packs * 1024), abs=1e-6)
     assert m.inputs[0]["path"].endswith("sample_chat.jsonl")
@@ -71,12 +72,16 @@ def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer)
     assert "get_weather" in spans[0] and "Lisbon" in spans[0]
     assert _strip_think(spans[1])[: -len(END)].strip() == recs[k]["messages"][-1]["content"]
     assert not any("light rain" in s and "temperature" in s for s in spans)
+    # parallel tool calls: the three calls are one trained assistant turn
+    k = next(i for i, r in enumerate(recs) if any(len(mm.get("tool_calls") or []) == 3 for mm in r["messages"]))
+    spans = texts[f"sample_chat.jsonl:{k}"]
+    assert len(spans) == 3 and spans[0].count("<tool_call>") == 3 and "Helsinki" in spans[0]
 
 
 def test_embedded_sample_data_is_wellformed():
     recs = [json.loads(line) for line in sample_data_path().read_text(encoding="utf-8").splitlines()]
-    assert len(recs) == 40
-    assert len({r["id"] for r in recs}) == 40
+    assert len(recs) == N_SAMPLE
+    assert len({r["id"] for r in recs}) == N_SAMPLE
     roles = [[m["role"] for m in r["messages"]] for r in recs]
     assert sum(r[0] == "system" for r in roles) >= 5
     assert sum(r.count("user") >= 2 for r in roles) >= 5  # multi-turn
