@@ -14,11 +14,11 @@ from seqpack.algorithms import (
     DEFAULT_ALGORITHM,
     PackingAlgorithm,
     PackingPlan,
+    check_plan,
     lower_bound_l1,
     lower_bound_l2,
     pack_lengths,
 )
-from seqpack.algorithms.core import check_plan
 
 ALL = list(PackingAlgorithm)
 FIT_FAMILY = [  # plain first-fit / best-fit algorithms (no post-processing)
@@ -379,3 +379,13 @@ def test_leveling_uses_swaps_when_sand_is_scarce():
     plan = pack_lengths(x, 4096)
     assert plan.num_bins == bfd.num_bins and bfd.load_spread > 2000
     assert plan.bin_loads.max() == bfd.bin_loads.max() and plan.load_spread <= 20
+
+
+def test_empty_packs_from_a_kernel_are_dropped(monkeypatch):
+    from seqpack.algorithms import core
+
+    algo = PackingAlgorithm.balanced_greedy_knapsack
+    monkeypatch.setitem(core._IMPL, algo, lambda s, c, seed: core._pack_balanced_greedy_knapsack(s, c, seed, factor=5.0))
+    plan = pack_lengths([3, 3], 8, algo)  # factor 5 opens 5 packs up front, 3 stay empty
+    check_plan(plan, [3, 3])
+    assert plan.num_bins == 2 and plan.bin_loads.tolist() == [3, 3]

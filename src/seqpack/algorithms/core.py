@@ -22,6 +22,7 @@ __all__ = [
     "lower_bound_l2",
     "pack_lengths",
     "check_plan",
+    "MAX_CAPACITY_UNITS",
 ]
 
 
@@ -495,6 +496,11 @@ def pack_lengths(
         bin_of, nb = _IMPL[algo](units, cap, seed)
     nb = int(nb)
     off, items = K.csr_by_bin(bin_of, nb)
+    if nb and np.any(off[1:] == off[:-1]):  # drop packs a kernel left empty (none should)
+        keep = np.flatnonzero(off[1:] > off[:-1])
+        bin_of = np.searchsorted(keep, bin_of).astype(np.int64)
+        nb = int(keep.size)
+        off, items = K.csr_by_bin(bin_of, nb)
     loads = K.loads_of(padded, bin_of, nb)
     if shuffle_packs and nb > 1:
         perm = _rng(seed, 2).permutation(nb)
