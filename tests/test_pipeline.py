@@ -269,3 +269,29 @@ def test_real_data_trained_tokens_are_exactly_the_assistant_turns(real_pack, sha
                             assert json.loads(part["value"])["name"] in span, sid
             checked += 1
     assert checked >= 1840
+
+
+def test_build_metadata_statistics_by_hand():
+    from seqpack.data.sample import PrepareReport, SampleRecord
+    from seqpack.pipeline import build_metadata
+
+    rep = PrepareReport(records_read=4, entries=[SampleRecord("r:3", "r", 3, "dropped", "overlength")])
+    settings = dict(seq_length=12, pad_to_multiple_of=4, context_parallel_size=1, effective_pad_multiple=4,
+                    algorithm="first_fit_decreasing", seed=0, overlength="drop", train_on="assistant",
+                    on_error="raise", format=None, tokenizer_hash="t", chat_template_hash="c", pad_token_id=0)
+    meta = build_metadata(lengths=np.array([5, 3, 7]), trainable_tokens=9,
+                          bins=[np.array([0, 1]), np.array([2])], lower_bound=2, report=rep,
+                          settings=settings, described_inputs=[{"path": "r", "bytes": 1, "sha256": "x"}],
+                          tokenizer_name="qwen3")
+    c = meta.counts
+    assert (c["records_read"], c["samples_packed"], c["tokens"], c["trainable_tokens"]) == (4, 3, 15, 9)
+    assert (c["alignment_padding_tokens"], c["tail_padding_tokens"]) == (5, 4)  # padded [8,4,8]; 24 slots
+    assert c["dropped"] == {"overlength": 1}
+    assert meta.packing_efficiency == pytest.approx(15 / 24)
+    assert (meta.packing_factor, meta.max_samples_per_bin, meta.dataset_max_seqlen, meta.min_packed_seqlen) == (
+        1.5, 2, 7, 7)
+    other = build_metadata(lengths=np.array([5, 3, 7]), trainable_tokens=9,
+                           bins=[np.array([0, 1]), np.array([2])], lower_bound=2, report=rep,
+                           settings=settings, described_inputs=[{"path": "r", "bytes": 1, "sha256": "x"}],
+                           tokenizer_name="qwen3", fingerprint_extra={"planning": "per_shard"})
+    assert other.fingerprint != meta.fingerprint and other.extra["fingerprint_extra"] == {"planning": "per_shard"}

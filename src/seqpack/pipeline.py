@@ -23,7 +23,7 @@ from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
 from seqpack.io.writer import PackedWriter, check_output_dir
 from seqpack.padding import compute_pad_multiple
 
-__all__ = ["PackConfigError", "PackResult", "pack_dataset", "sample_data_path", "resolve_algorithm"]
+__all__ = ["PackConfigError", "PackResult", "build_metadata", "pack_dataset", "sample_data_path", "resolve_algorithm"]
 
 
 class PackConfigError(ValueError):
@@ -179,6 +179,91 @@ def _pad_token_id(tok: Any) -> int:
     return 0
 
 
+def build_metadata(
+    *,
+    lengths: np.ndarray,
+    trainable_tokens: int,
+    bins: Sequence[np.ndarray],
+    lower_bound: int,
+    report: Any,
+    settings: dict[str, Any],
+    described_inputs: list[dict[str, Any]],
+    tokenizer_name: str | None,
+    fingerprint_extra: dict[str, Any] | None = None,
+) -> PackedMetadata:
+    """Compute every statistic of ``metadata.json`` from the packing outcome (shared by all engines).
+
+    Args:
+        lengths: int64 ``[n]`` real length of every packed sample (tokens).
+        trainable_tokens: labels != -100 over all samples.
+        bins: the plan's packs (indices into ``lengths``).
+        lower_bound: the planner's lower bound on the number of packs.
+        report: the ``PrepareReport`` (``records_read`` and per-reason counts).
+        settings: ``seq_length``, ``pad_to_multiple_of``, ``context_parallel_size``,
+            ``effective_pad_multiple``, ``algorithm``, ``seed``, ``overlength``, ``train_on``,
+            ``on_error``, ``format``, ``tokenizer_hash``, ``chat_template_hash``, ``pad_token_id``
+            (+ ``format_version``); all of it enters the fingerprint.
+        described_inputs: :func:`seqpack.io.describe_input` of every input file.
+        tokenizer_name: name/path recorded as ``tokenizer``.
+        fingerprint_extra: further settings that change the output (e.g. an engine's planning mode).
+
+    Returns:
+        :class:`~seqpack.io.PackedMetadata` without shards (the writer fills them).
+
+    Raises:
+        ValueError: no bins (nothing to pack).
+    """
+    if len(bins) == 0:
+        raise ValueError("build_metadata: no packs")
+    cap = int(settings["seq_length"])
+    m = int(settings["effective_pad_multiple"])
+    lengths = np.asarray(lengths, dtype=np.int64)
+    num_packs = len(bins)
+    tokens = int(lengths.sum())
+    padded_tokens = int((-(-lengths // m) * m).sum())
+    bin_real = np.array([int(lengths[np.asarray(b)].sum()) for b in bins], dtype=np.int64)
+    counts: dict[str, Any] = {
+        "records_read": int(report.records_read),
+        "samples_packed": int(lengths.shape[0]),
+        "tokens": tokens,
+        "trainable_tokens": int(trainable_tokens),
+        "alignment_padding_tokens": padded_tokens - tokens,
+        "tail_padding_tokens": num_packs * cap - padded_tokens,
+    }
+    for status, reasons in report.by_reason().items():
+        counts[status] = dict(reasons)
+    fp_settings = dict(settings)
+    if fingerprint_extra:
+        fp_settings.update(fingerprint_extra)
+    return PackedMetadata(
+        seq_length=cap,
+        pad_to_multiple_of=int(settings["pad_to_multiple_of"]),
+        context_parallel_size=int(settings["context_parallel_size"]),
+        effective_pad_multiple=m,
+        algorithm=str(settings["algorithm"]),
+        seed=int(settings["seed"]),
+        overlength=settings["overlength"],
+        train_on=settings["train_on"],
+        on_error=settings["on_error"],
+        format=settings.get("format"),
+        tokenizer=tokenizer_name,
+        tokenizer_hash=settings.get("tokenizer_hash"),
+        chat_template_hash=settings.get("chat_template_hash"),
+        pad_token_id=settings.get("pad_token_id"),
+        counts=counts,
+        num_packs=num_packs,
+        lower_bound=int(lower_bound),
+        packing_efficiency=round(tokens / (num_packs * cap), 6),
+        packing_factor=round(int(lengths.shape[0]) / num_packs, 6),
+        max_samples_per_bin=max(len(b) for b in bins),
+        dataset_max_seqlen=int(lengths.max()),
+        min_packed_seqlen=int(bin_real.min()),
+        fingerprint=compute_fingerprint(described_inputs, fp_settings),
+        inputs=list(described_inputs),
+        extra={"fingerprint_extra": dict(fingerprint_extra)} if fingerprint_extra else {},
+    )
+
+
 def pack_dataset(
     inputs: Any = None,
     output: str | os.PathLike = "packed",
@@ -302,21 +387,6 @@ def pack_dataset(
                 stages("write", k, total)
             yield row
 
-    bin_real = np.array([int(lengths[b].sum()) for b in plan.bins], dtype=np.int64)
-    num_packs = len(plan.bins)
-    tokens = int(lengths.sum())
-    padded_tokens = int((-(-lengths // m) * m).sum())
-    counts: dict[str, Any] = {
-        "records_read": int(report.records_read),
-        "samples_packed": len(samples),
-        "tokens": tokens,
-        "trainable_tokens": int(sum(s.num_trainable for s in samples)),
-        "alignment_padding_tokens": padded_tokens - tokens,
-        "tail_padding_tokens": num_packs * seq_length - padded_tokens,
-    }
-    for status, reasons in report.by_reason().items():
-        counts[status] = dict(reasons)
-    described = _describe_inputs(inputs)
     settings = {
         "format_version": FORMAT_VERSION,
         "seq_length": int(seq_length),
@@ -333,37 +403,21 @@ def pack_dataset(
         "chat_template_hash": chat_hash,
         "pad_token_id": pad_id,
     }
-    meta = PackedMetadata(
-        seq_length=int(seq_length),
-        pad_to_multiple_of=int(pad_to_multiple_of),
-        context_parallel_size=int(context_parallel_size),
-        effective_pad_multiple=int(m),
-        algorithm=algo.value,
-        seed=int(seed),
-        overlength=overlength,
-        train_on=train_on,
-        on_error=on_error,
-        format=fmt,
-        tokenizer=tok_name,
-        tokenizer_hash=tok_hash,
-        chat_template_hash=chat_hash,
-        pad_token_id=pad_id,
-        counts=counts,
-        num_packs=num_packs,
+    meta = build_metadata(
+        lengths=lengths,
+        trainable_tokens=int(sum(s.num_trainable for s in samples)),
+        bins=plan.bins,
         lower_bound=int(plan.lower_bound),
-        packing_efficiency=round(tokens / (num_packs * seq_length), 6),
-        packing_factor=round(len(samples) / num_packs, 6),
-        max_samples_per_bin=max(len(b) for b in plan.bins),
-        dataset_max_seqlen=int(lengths.max()),
-        min_packed_seqlen=int(bin_real.min()),
-        fingerprint=compute_fingerprint(described, settings),
-        inputs=described,
+        report=report,
+        settings=settings,
+        described_inputs=_describe_inputs(inputs),
+        tokenizer_name=tok_name,
     )
     with PackedWriter(output, overwrite=overwrite, rows_per_shard=rows_per_shard) as w:
         w.write_all(rows())
         meta = w.finalize(meta, report.entries)
     t_end = time.perf_counter()
-    say(f"wrote {num_packs} packs to {output}")
+    say(f"wrote {meta.num_packs} packs to {output}")
     return PackResult(
         output=output,
         metadata=meta,
