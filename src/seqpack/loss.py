@@ -92,9 +92,16 @@ def global_token_count(local_count, group: Any = None) -> torch.Tensor:
 def token_mean(loss_sums: Sequence[torch.Tensor] | torch.Tensor, global_count) -> torch.Tensor:
     """Token-mean loss: ``sum(loss_sums) / global_count`` (0 if the count is 0).
 
-    Under data parallelism each rank calls this with its own sums and the *global* count; gradient
-    averaging over ``W`` ranks then needs the result multiplied by ``W`` (DDP divides by ``W``),
-    or use ``loss * world_size`` as trainers like torchtune do.
+    Under data parallelism each rank calls this with its own sums and the *global* count
+    (:func:`global_token_count`); the sum over ranks is then the global token mean. DDP averages
+    gradients (divides by ``W``), so multiply by ``W`` before ``backward`` (as torchtune does).
+
+    Args:
+        loss_sums: fp32 scalar or a list of them (this rank's micro-batches), nats.
+        global_count: int or int64 scalar, loss tokens over all micro-batches and ranks.
+
+    Returns:
+        fp32 scalar.
     """
     s = torch.stack(list(loss_sums)).sum() if isinstance(loss_sums, (list, tuple)) else loss_sums
     c = torch.as_tensor(global_count, device=s.device)
@@ -135,7 +142,9 @@ def sequence_mean(segment_means: Sequence[torch.Tensor] | torch.Tensor, group: A
         group: DP process group for the all-reduce of the segment count (when distributed).
 
     Returns:
-        fp32 scalar; B28: segments with means 1.0 and 2.0 give 1.5 however they were packed.
+        fp32 scalar: this rank's segment-mean sum over the *global* segment count, so the sum over
+        DP ranks (what gradient all-reduce adds up) is the global sequence mean; single process:
+        the mean itself. B28: segments with means 1.0 and 2.0 give 1.5 however they were packed.
     """
     t = torch.cat([m.reshape(-1) for m in segment_means]) if isinstance(segment_means, (list, tuple)) else segment_means.reshape(-1)
     n = global_token_count(t.numel(), group=group)
