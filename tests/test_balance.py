@@ -64,6 +64,8 @@ def test_balance_evens_attention_cost_and_tokens():
     assert sb["cost_time_efficiency"] > 0.98
     assert sb["token_spread_mean"] < sr["token_spread_mean"]
     assert sb["over_cap"] == 0
+    for step in bal.steps:  # inside a rank, micro-batches run in descending cost
+        assert np.all(np.diff(cost[step], axis=1) <= 0)
     # deterministic for a seed; the seed only changes the step order
     again = balance_packs(tokens, cost, dp, mb, token_cap=2048, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(bal.steps, again.steps))

@@ -18,9 +18,9 @@ Method (:func:`balance_packs`), numpy only:
 3. **Refinement.** Sweeps over neighbouring steps (in cost order) try every single-pack swap
    between the two and keep one when it lowers the worse step's score (a 2-opt style local search
    that fixes the tail, e.g. an under-filled pack among full ones).
-   Then a global repair: the currently worst step swaps one pack with the best partner slot
-   anywhere in the plan (min-max local search), until every step is on target, no swap helps, or
-   the repair budget is spent.
+   Then a repair phase: the currently worst step swaps one pack with the best partner slot among
+   nearby steps and a random sample of the rest (min-max local search), until every step is on
+   target, no swap helps, or the repair budget is spent.
 4. **Order.** Steps are shuffled with a seeded RNG so training sees no length curriculum; inside a
    rank, micro-batches keep descending cost.
 5. **Remainder.** When the pack count is not a multiple of ``dp_size * micro_batches`` the last step
@@ -212,7 +212,8 @@ def balance_packs(
             lower the worse step's score ``max(token_spread / token_tolerance,
             (cost_max/mean - 1) / cost_tolerance)``; 0 disables.
         max_repairs: budget of global repairs: the worst step (by that score) swaps one pack with
-            the best partner among *all* full steps, as long as the worst score drops; 0 disables.
+            the best partner slot among the 64 nearest steps (cost order) and 128 random ones, as long
+            as the worst score drops; 0 disables.
         token_tolerance, cost_tolerance: the scales of that score (targets: 0.1% token spread,
             attention-cost max/mean 1.05).
 
@@ -252,7 +253,10 @@ def balance_packs(
     if refine_passes > 0:
         _refine(steps, tokens, cost, mb, refine_passes, token_tolerance, cost_tolerance)
     if max_repairs > 0:
-        _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance)
+        _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance, seed=seed)
+    for grid in steps:  # inside a rank: micro-batches in descending cost, fillers last
+        key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)])
+        grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
     if shuffle_steps and len(steps) > 1:
         rng = np.random.default_rng(seed)
         # keep a partial (filler) step last so every other step has the full shape
@@ -324,11 +328,13 @@ def _excl(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(amax, top2, top1), np.where(amin, low2, low1)
 
 
-def _repair_worst(steps, tokens, cost, mb, budget, tt, ct) -> None:
+def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, samples=128, seed=0) -> None:
     """Min-max repair: the worst full step swaps one pack with the best slot of any other full step.
 
     Kept swaps lower the worst step's score, leave the partner below that score, and never raise the
     plan's worst token part or worst cost part (Pareto-monotone); a step no swap can help is skipped.
+    Partners: the ``neighbours`` nearest steps in cost order and ``samples`` random ones (bounded
+    work per repair: ``O(dp*mb * (2*neighbours+samples) * dp*mb)``).
     """
     full = [k for k, s in enumerate(steps) if s.shape[1] == mb and not np.any(s == FILLER)]
     if len(full) < 2:
@@ -341,6 +347,7 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct) -> None:
     tl = tok[grid].sum(-1)  # [S, dp]
     cl = cost[grid].sum(-1)
     stuck = np.zeros(S, dtype=bool)
+    rng = np.random.default_rng(seed)
     for _ in range(budget):
         tp, cp = _parts(tl, cl, tt, ct)
         sc = np.where(stuck, -np.inf, np.maximum(tp, cp))
@@ -350,8 +357,18 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct) -> None:
             break
         t_lim, c_lim = max(float(tp.max()), 1.0), max(float(cp.max()), 1.0)  # global worsts never grow
         fa = grid[a].reshape(-1)
-        flat = grid.reshape(S, na)
-        dt = tok[flat][None, :, :] - tok[fa][:, None, None]  # [na(i in A), S, na(j in B)]
+        # partner candidates: the steps nearest in cost order plus a seeded random sample (bounded work)
+        if S <= 2 * neighbours + samples:
+            cand = np.arange(S)
+        else:
+            near = np.arange(max(0, a - neighbours), min(S, a + neighbours + 1))
+            cand = np.unique(np.concatenate([near, rng.choice(S, samples, replace=False)]))
+        cand = cand[cand != a]
+        if cand.size == 0:
+            break
+        flat = grid.reshape(S, na)[cand]  # [C, na]
+        tlc, clc = tl[cand], cl[cand]
+        dt = tok[flat][None, :, :] - tok[fa][:, None, None]  # [na(i in A), C, na(j in B)]
         dc = cost[flat][None, :, :] - cost[fa][:, None, None]
         ra, rb = rank_of, rank_of
         # step A after the swap: rank ra[i] gains dt
@@ -363,23 +380,23 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct) -> None:
             np.maximum((tl[a].sum() + dt) / dp, 1e-12)) / tt
         ca_new = (np.maximum(cmx[ra][:, None, None], ua) / np.maximum((cl[a].sum() + dc) / dp, 1e-12) - 1.0) / ct
         # step B after the swap: rank rb[j] loses dt
-        bmx, bmn = _excl(tl)  # [S, dp]
-        bcmx, _ = _excl(cl)
-        vb = tl[:, rb][None, :, :] - dt
-        ub = cl[:, rb][None, :, :] - dc
+        bmx, bmn = _excl(tlc)  # [C, dp]
+        bcmx, _ = _excl(clc)
+        vb = tlc[:, rb][None, :, :] - dt
+        ub = clc[:, rb][None, :, :] - dc
         tb_new = (np.maximum(bmx[:, rb][None], vb) - np.minimum(bmn[:, rb][None], vb)) / (
-            np.maximum((tl.sum(-1)[None, :, None] - dt) / dp, 1e-12)) / tt
-        cb_new = (np.maximum(bcmx[:, rb][None], ub) / np.maximum((cl.sum(-1)[None, :, None] - dc) / dp, 1e-12)
+            np.maximum((tlc.sum(-1)[None, :, None] - dt) / dp, 1e-12)) / tt
+        cb_new = (np.maximum(bcmx[:, rb][None], ub) / np.maximum((clc.sum(-1)[None, :, None] - dc) / dp, 1e-12)
                   - 1.0) / ct
         new = np.maximum(ta_new, ca_new)  # the worst step's new score
         bad = (ta_new > t_lim + 1e-12) | (tb_new > t_lim + 1e-12) | (ca_new > c_lim + 1e-12) | (cb_new > c_lim + 1e-12)
         new = np.where(bad | (np.maximum(tb_new, cb_new) >= cur), np.inf, new)
-        new[:, a, :] = np.inf
-        i, b, j = np.unravel_index(int(np.argmin(new)), new.shape)
-        if not new[i, b, j] < cur - 1e-9:
+        i, bc, j = np.unravel_index(int(np.argmin(new)), new.shape)
+        if not new[i, bc, j] < cur - 1e-9:
             stuck[a] = True
             continue
-        pa, pb = int(fa[i]), int(flat[b, j])
+        b = int(cand[bc])
+        pa, pb = int(fa[i]), int(flat[bc, j])
         grid[a].reshape(-1)[i], grid[b].reshape(-1)[j] = pb, pa
         for k in (a, b):
             tl[k] = tok[grid[k]].sum(-1)
