@@ -59,6 +59,27 @@ def test_pack_real_file_with_progress_and_policies(shared_data, tmp_path):
     ds[0].validate(capacity=2048, context_parallel_size=2, multiple=8)
 
 
+def test_pack_lists_records_not_packed_as_is(tmp_path):
+    data = tmp_path / "d.jsonl"
+    long_answer = " ".join(["word"] * 400)
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "long?"},
+                                   {"role": "assistant", "content": long_answer}]})
+        + "\n"
+    )
+    out = tmp_path / "o"
+    res = _run("pack", data, "--output", out, "--seq-length", "128", "--overlength", "drop", "-q")
+    assert res.exit_code == 0, res.output
+    assert "records not packed as-is (first 1 of 1)" in res.output and "d.jsonl:1" in res.output
+    assert "dropped" in res.output and "report.jsonl" in res.output
+    res = _run("inspect", out, "--no-plot")
+    assert res.exit_code == 0 and "d.jsonl:1" in res.output and not (out / "report.png").exists()
+    md = json.loads((out / "metadata.json").read_text())
+    assert md["counts"]["samples_packed"] == 1 and sum(md["counts"]["dropped"].values()) == 1
+
+
 def test_existing_output_needs_overwrite(packed_dir):
     out, _ = packed_dir
     res = _run("pack", "--output", out, "--seq-length", "1024", "-q")

@@ -96,9 +96,26 @@ def pack(
     from seqpack.report import summary_rows
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
-    n_entries = len(res.report.entries)
-    if n_entries:
-        _out.print(f"{n_entries} record(s) dropped/truncated/skipped: see {res.output / 'report.jsonl'}")
+    _print_entries(res.report.entries, res.output)
+
+
+def _print_entries(entries, output: Path, limit: int = 5) -> None:
+    """Show the first ``limit`` report entries (records not packed as-is) and where the full list is."""
+    from dataclasses import asdict, is_dataclass
+
+    entries = [asdict(e) if is_dataclass(e) else dict(e) for e in entries]
+    if not entries:
+        return
+    t = Table(title=f"records not packed as-is (first {min(limit, len(entries))} of {len(entries)})",
+              title_justify="left")
+    for col in ("sample_id", "status", "reason", "detail"):
+        t.add_column(col)
+    for e in entries[:limit]:
+        detail = str(e.get("detail") or "")
+        t.add_row(str(e.get("sample_id")), str(e.get("status")), str(e.get("reason")),
+                  detail if len(detail) <= 90 else detail[:87] + "...")
+    _out.print(t)
+    _out.print(f"full list: {output / 'report.jsonl'}", highlight=False)
 
 
 @app.command("inspect")
@@ -114,6 +131,7 @@ def inspect(
     try:
         ds = load_packed(path)
         _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
+        _print_entries(ds.report(), Path(path))
         if not no_plot:
             png = plot_report(ds, plot)
             _out.print(f"wrote {png}")
