@@ -403,3 +403,46 @@ def test_encode_texts_matches_transformers_call(qwen3_tokenizer):
     assert got[0][1].tolist() == [o[0] < 5 for o in ref["offset_mapping"][0]]
     assert not got[1][1].any() and got[2][0].shape == (0,)
     assert all(tr.all() for _, tr in encode_texts(tok, texts[:2], [[], []], train_on="all"))
+
+
+_SAME = ["llama3", "gemma3", "cohere", "cohere2", "phi3", "phi3_5", "diffusion_gemma"]
+_SAME_BUT_NEWLINE = ["qwen3", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8", "qwen3_instruct_2507",
+                     "qwen3_vl", "lfm2", "nemotron_3_nano"]
+
+
+@pytest.mark.parametrize("name", _SAME + _SAME_BUT_NEWLINE)
+def test_spans_agree_with_generation_tags_of_trl_training_templates(qwen3_tokenizer, name):
+    """Cross-check against an independent oracle: TRL's *_training.jinja templates mark assistant
+    output with {% generation %}, which HF turns into assistant_masks. Our template-agnostic spans
+    (computed without those tags) must give the same mask; TRL's Qwen-style templates also train
+    the newline after <|im_end|>, which seqpack deliberately does not (generation stops at it)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("trl")
+    path = Path(spec.submodule_search_locations[0]) / "chat_templates" / f"{name}_training.jinja" if spec else None
+    if path is None or not path.is_file():
+        pytest.skip("trl chat templates not installed")
+    from seqpack.data import encode_texts
+
+    tok = copy.copy(qwen3_tokenizer)
+    tok.chat_template = path.read_text()
+    markers = TemplateMarkers.probe(tok)
+    msgs = [
+        {"role": "user", "content": "hi there"},
+        {"role": "assistant", "content": "hello you"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "b b"},
+    ]
+    text, spans = render_conversation(Conversation(messages=msgs), tok, markers)
+    ((ids, ours),) = encode_texts(tok, [text], [spans])
+    hf = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert list(hf["input_ids"]) == ids.tolist()
+    theirs = np.array(hf["assistant_masks"], bool)
+    if name in _SAME_BUT_NEWLINE:
+        newline = np.array([tok.decode([int(t)]).strip() == "" for t in ids])
+        extra = theirs & ~ours
+        assert newline[extra].all()  # only trailing newlines differ
+        theirs = theirs & ~extra
+    assert ours.tolist() == theirs.tolist()
+    assert int(ours.sum()) > 0

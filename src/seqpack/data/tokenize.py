@@ -2,10 +2,11 @@
 
 How assistant tokens are found (template-agnostic, no ``{% generation %}`` tags needed):
 
-1. Once per tokenizer, ``TemplateMarkers.probe`` renders two tiny sentinel conversations to learn
-   the template's **assistant header** (what ``add_generation_prompt=True`` appends, e.g.
-   ``"<|im_start|>assistant\\n"`` for Qwen3) and its **end-of-turn** text (what follows the
-   assistant content, cut after the EOS token or trailing whitespace, e.g. ``"<|im_end|>"``).
+1. Once per tokenizer, ``TemplateMarkers.probe`` renders tiny sentinel conversations to learn
+   the template's **assistant header** (what ``add_generation_prompt=True`` appends, cut before a
+   ``<think>`` opener, e.g. ``"<|im_start|>assistant\\n"`` for Qwen3) and its **end-of-turn**
+   texts (what follows the assistant content, cut after the EOS token or trailing whitespace, e.g.
+   ``"<|im_end|>"``; earlier turns may close differently, e.g. gpt-oss ``<|end|>``).
 2. Each conversation is rendered to text **once**, with its real contents and ``tools=``
    (``render_conversation``). Walking the messages in order, each assistant turn's span is
    ``[end of its header, end of its end-of-turn marker)`` in character space. Templates whose
@@ -62,17 +63,33 @@ class TemplateMarkers:
     """What a chat template puts around an assistant turn (learned by ``probe``).
 
     Attributes:
-        headers: candidate assistant headers, most specific first (the generation prompt, then the
-            text between the user turn and the assistant content in a full rendering).
-        end_of_turn: the end-of-turn text that closes an assistant turn (trained).
+        headers: candidate assistant headers (not trained). At render time the candidate whose
+            first occurrence after the previous turn ends earliest marks the span start; all true
+            candidates are suffixes of the same header text, so they end at the same place.
+        end_of_turn: the end-of-turn text that closes the last assistant turn (trained).
+        end_of_turn_mid: the end-of-turn text that closes an earlier assistant turn, where the
+            template uses a different one (gpt-oss: ``<|end|>`` vs ``<|return|>``); else equal
+            to ``end_of_turn``. A span ends at the earliest of the two.
     """
 
     headers: tuple[str, ...]
     end_of_turn: str
+    end_of_turn_mid: str = ""
+
+    @property
+    def ends(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e for e in (self.end_of_turn, self.end_of_turn_mid) if e))
 
     @classmethod
     def probe(cls, tokenizer: Any) -> "TemplateMarkers":
         """Learn the markers of ``tokenizer.chat_template`` by rendering sentinel conversations.
+
+        Renders ``[user]`` with and without the generation prompt, ``[user, assistant]`` and
+        ``[user, assistant, user, assistant]`` with sentinel contents. The header is the text that
+        the generation prompt and the full rendering share after the user content, cut before a
+        ``<think>`` opener (so a think block is trained, not prompted) and reduced to the part
+        after the user turn's closing text; end-of-turn markers are the texts after an assistant
+        content up to the EOS token / the user turn's closing pattern, compared token by token.
 
         Raises:
             DataFormatError: (reason ``"template_error"``) the template cannot render a plain
@@ -82,8 +99,11 @@ class TemplateMarkers:
         key = _template_key(tokenizer)
         if cached is not None and cached[0] == key:
             return cached[1]
-        user = [{"role": "user", "content": _SENT_USER}]
-        both = user + [{"role": "assistant", "content": _SENT_ASSISTANT}]
+        name = str(getattr(tokenizer, "name_or_path", "tokenizer"))
+        u1, a1, u2, a2 = (_SENT_USER, _SENT_ASSISTANT, _SENT_USER + "2", _SENT_ASSISTANT + "2")
+        user = [{"role": "user", "content": u1}]
+        both = user + [{"role": "assistant", "content": a1}]
+        two = both + [{"role": "user", "content": u2}, {"role": "assistant", "content": a2}]
         try:
             base = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=False)
             gen = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
@@ -91,60 +111,94 @@ class TemplateMarkers:
         except Exception as e:  # noqa: BLE001
             raise DataFormatError(
                 f"the chat template cannot render a user/assistant exchange: {e}",
-                source=str(getattr(tokenizer, "name_or_path", "tokenizer")),
+                source=name,
                 reason="template_error",
                 fix="use a tokenizer whose chat_template supports user and assistant roles.",
             ) from e
-        ia = full.find(_SENT_ASSISTANT)
-        iu = full.find(_SENT_USER)
-        if ia < 0 or iu < 0:
+        try:
+            full2 = tokenizer.apply_chat_template(two, tokenize=False)
+        except Exception:  # noqa: BLE001 - single-turn-only templates
+            full2 = None
+        ia, iu, iu_base = full.find(a1), full.find(u1), base.find(u1)
+        if ia < 0 or iu < 0 or iu_base < 0 or gen.find(u1) < 0:
             raise DataFormatError(
                 "the chat template does not render message contents verbatim.",
-                source=str(getattr(tokenizer, "name_or_path", "tokenizer")),
+                source=name,
                 reason="template_error",
                 fix="use a template that inserts message['content'] as-is.",
             )
+        after_user_gen = gen[gen.find(u1) + len(u1):]
+        between = full[iu + len(u1): ia]  # user close + assistant header (+ think block)
+        user_close = base[iu_base + len(u1):]
+        prompt = _token_lcp(tokenizer, after_user_gen, between) or between
+        if "<think>" in prompt:
+            prompt = prompt[: prompt.index("<think>")]
+        close = _token_lcp(tokenizer, user_close, prompt)
         headers: list[str] = []
+        for h in (prompt[len(close):], prompt, between):
+            if h.strip() and h not in headers:
+                headers.append(h)
         if gen.startswith(base) and len(gen) > len(base):
-            headers.append(gen[len(base):])
-        # text between the end of the user content's rendering and the assistant content
-        cp = _common_prefix_len(base, full)
-        cp = max(cp, iu + len(_SENT_USER))
-        between = full[cp:ia]
-        if between and between not in headers:
-            headers.append(between)
-        # first line of the generation prompt (templates whose prompt opens a think block)
-        if headers and "\n" in headers[0].rstrip("\n"):
-            first = headers[0][: headers[0].index("\n") + 1]
-            if first not in headers:
-                headers.append(first)
+            h = gen[len(base):]
+            if "<think>" in h:
+                h = h[: h.index("<think>")]
+            if h.strip() and h not in headers:
+                headers.append(h)
         if not headers:
             raise DataFormatError(
                 "the chat template renders no assistant header.",
-                source=str(getattr(tokenizer, "name_or_path", "tokenizer")),
+                source=name,
                 reason="template_error",
                 fix="use a chat template that marks assistant turns.",
             )
-        suffix = full[ia + len(_SENT_ASSISTANT):]
-        eos = getattr(tokenizer, "eos_token", None)
-        if eos and eos in suffix:
-            eot = suffix[: suffix.index(eos) + len(eos)]
-        else:
-            eot = suffix.rstrip()
+        eot = _cut_end(tokenizer, full[ia + len(a1):])
+        mid = ""
+        if full2 is not None:
+            j1, j2 = full2.find(a1), full2.find(u2)
+            if 0 <= j1 < j2:
+                after_a1 = full2[j1 + len(a1): j2]
+                mid = _cut_end(tokenizer, _token_lcp(tokenizer, after_a1, user_close) or after_a1)
         if not eot.strip():
             raise DataFormatError(
                 "the chat template renders no end-of-turn marker after assistant content, so the model "
                 "would never learn to stop.",
-                source=str(getattr(tokenizer, "name_or_path", "tokenizer")),
+                source=name,
                 reason="template_error",
                 fix="use a chat template that closes assistant turns with an end-of-turn/EOS token.",
             )
-        markers = cls(headers=tuple(headers), end_of_turn=eot)
+        markers = cls(headers=tuple(headers), end_of_turn=eot, end_of_turn_mid=mid if mid.strip() else eot)
         try:
             tokenizer._seqpack_markers = (key, markers)
         except Exception:  # noqa: BLE001 - caching is optional
             pass
         return markers
+
+
+def _cut_end(tokenizer: Any, suffix: str) -> str:
+    """End-of-turn text from what follows an assistant content: up to the EOS token, else the
+    text with trailing whitespace removed."""
+    eos = getattr(tokenizer, "eos_token", None)
+    if eos and eos in suffix:
+        return suffix[: suffix.index(eos) + len(eos)]
+    return suffix.rstrip()
+
+
+def _token_lcp(tokenizer: Any, a: str, b: str) -> str:
+    """Longest common prefix of ``a`` and ``b`` cut at a token boundary of ``a`` (so a shared
+    ``"<|"`` of two different special tokens is not taken for a common marker)."""
+    n = _common_prefix_len(a, b)
+    if n == len(a) or n == len(b) or n == 0:  # one is a prefix of the other: no cut inside a token
+        return a[:n]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return a[:n]
+    ea, eb = backend.encode(a, add_special_tokens=False), backend.encode(b, add_special_tokens=False)
+    cut = 0
+    for (ta, oa), (tb, ob) in zip(zip(ea.ids, ea.offsets), zip(eb.ids, eb.offsets)):
+        if ta != tb or oa != ob or oa[1] > n:
+            break
+        cut = oa[1]
+    return a[:cut]
 
 
 def _template_key(tokenizer: Any) -> Any:
@@ -190,7 +244,7 @@ def render_conversation(
             index=conv.index,
             reason="template_error",
         )
-    eot = markers.end_of_turn
+    ends = markers.ends
     spans: list[tuple[int, int]] = []
     cursor = 0
     for k, m in enumerate(conv.messages):
@@ -209,9 +263,8 @@ def render_conversation(
         start = -1
         for h in markers.headers:
             p = text.find(h, cursor)
-            if p >= 0:
+            if p >= 0 and (start < 0 or p + len(h) < start):
                 start = p + len(h)
-                break
         if start < 0:
             raise DataFormatError(
                 f"assistant message {k}: its header {markers.headers[0]!r} is not in the rendered text.",
@@ -221,14 +274,18 @@ def render_conversation(
                 fix="the chat template dropped or rewrote this assistant turn; check the role order.",
             )
         q = start
-        if eot in content:  # content holding the marker literally: search past the content
+        if any(x in content for x in ends):  # content holding a marker literally: search past it
             p = text.find(content, start)
             if p >= 0:
                 q = p + len(content)
-        e = text.find(eot, q)
+        e, eot = -1, ""
+        for x in ends:
+            p = text.find(x, q)
+            if p >= 0 and (e < 0 or p < e):
+                e, eot = p, x
         if e < 0:
             raise DataFormatError(
-                f"assistant message {k}: no end-of-turn marker {eot!r} after it in the rendered text.",
+                f"assistant message {k}: no end-of-turn marker {ends} after it in the rendered text.",
                 source=conv.source,
                 index=conv.index,
                 reason="template_span_mismatch",
