@@ -442,7 +442,6 @@ class StreamingPacker(IterableDataset):
         self.epoch = 0
         self._live: _Run | None = None
         self._pending_state: dict[str, Any] | None = None
-        self.stats: dict[str, Any] = _new_stats()
 
     # -------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -521,7 +520,7 @@ class StreamingPacker(IterableDataset):
         rng_state = run.rng.bit_generator.state if run.rng is not None else None
         pos = run.pend_pos
         offs = run.pend_offsets[pos:] - run.pend_offsets[pos]
-        st = run.stats
+        st = self._live_stats(run)
         return {
             "version": STATE_VERSION,
             "config": self._config(),
@@ -541,6 +540,19 @@ class StreamingPacker(IterableDataset):
                 "dropped_last": _to_tensor(np.asarray(st["dropped_last"], np.int64)),
             },
         }
+
+    @staticmethod
+    def _live_stats(run: _Run) -> dict[str, Any]:
+        """Counters including the packs of the current round emitted so far."""
+        st = dict(run.stats)
+        st["packs_emitted"] += run.pend_pos
+        st["samples_packed"] += int(run.pend_offsets[run.pend_pos])
+        return st
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters of the current (or last) iteration in this process (class docstring)."""
+        return self._live_stats(self._live) if self._live is not None else _new_stats()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`; the next ``iter()`` continues exactly there.
@@ -651,7 +663,6 @@ class StreamingPacker(IterableDataset):
         if run.rng is None:  # state taken before the first iteration
             run.rng = self._rng(run.epoch)
         self._live = run
-        self.stats = run.stats
         keys = self._shard_keys(run.epoch)
         read, fetch = self._make_reader(run, keys)
         if fetch is not None and self.output != "indices":
@@ -660,11 +671,6 @@ class StreamingPacker(IterableDataset):
         return self._generate(run, read)
 
     def _emit(self, run: _Run, ks: np.ndarray):
-        st = run.stats
-        st["packs_emitted"] += 1
-        st["samples_packed"] += len(ks)
-        if self.output == "indices":
-            return ks
         items = [run.items.pop(int(k)) for k in ks]
         if self.output == "samples":
             return items
@@ -682,12 +688,20 @@ class StreamingPacker(IterableDataset):
         need_items = self.output != "indices"
         while True:
             # 1. emit packs chosen in the last round (state is updated before each yield)
-            while run.pend_pos < len(run.pend_offsets) - 1:
-                a, b = run.pend_offsets[run.pend_pos], run.pend_offsets[run.pend_pos + 1]
-                ks = run.pend_keys[a:b]
-                run.pend_pos += 1
-                out = self._emit(run, ks)
-                yield out
+            n_pend = len(run.pend_offsets) - 1
+            if run.pend_pos < n_pend:
+                pk, offs = run.pend_keys, run.pend_offsets.tolist()
+                if need_items:
+                    for j in range(run.pend_pos, n_pend):
+                        run.pend_pos = j + 1
+                        yield self._emit(run, pk[offs[j] : offs[j + 1]])
+                else:  # hot path (length-only runs): no per-pack work besides the yield
+                    for j in range(run.pend_pos, n_pend):
+                        run.pend_pos = j + 1
+                        yield pk[offs[j] : offs[j + 1]]
+            st["packs_emitted"] += n_pend
+            st["samples_packed"] += len(run.pend_keys)
+            run.pend_keys, run.pend_offsets, run.pend_pos = np.zeros(0, np.int64), np.zeros(1, np.int64), 0
             if run.finished:
                 break
             # 2. refill the buffer

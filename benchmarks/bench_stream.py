@@ -1,0 +1,182 @@
+"""Benchmark of seqpack.stream.StreamingPacker: throughput, packing efficiency, state size.
+
+Usage::
+
+    python benchmarks/bench_stream.py            # full: 1,000,000 samples, 3 repeats
+    python benchmarks/bench_stream.py --quick    # < 60 s
+
+What it prints (all measured in this run; medians of ``--repeats``):
+
+1. Throughput of the packer on length-only samples (a numpy array of lengths = map-style source,
+   ``output="indices"``, buffer 10,000, capacity 4096): samples/s, the share spent inside the packing
+   algorithm, and the ratio to packing the same lengths offline in one ``pack_lengths`` call.
+   Goal: >= 1,000,000 samples/s.
+2. Packing efficiency: packs above the L1 bound ``ceil(sum(lengths) / capacity)`` for buffers of
+   100, 1,000 and 10,000 on a lognormal SFT mix and a bimodal text+image mix at capacities 4096 and
+   8192; "window" = pack each buffer independently (``carry_fill=0``, what most streaming packers
+   do), "carry" = the default carry-over of under-filled packs; "offline" = ``pack_lengths`` over
+   the whole data set. Goal: carry with buffer 1,000 <= L1 + 0.1 %.
+3. Size of ``state_dict()`` (pickle and ``torch.save`` bytes) for buffer 10,000.
+
+Every goal is printed as PASS or MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import pickle
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths  # noqa: E402
+from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker  # noqa: E402
+
+
+def lognormal_mix(n: int, cap: int, seed: int = 1) -> np.ndarray:
+    """SFT-like: lognormal token counts (median ~400, long tail), clipped to [8, cap]."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(6.0, 1.0, n).astype(np.int64), 8, cap)
+
+
+def bimodal_mix(n: int, cap: int, seed: int = 1) -> np.ndarray:
+    """Text+image: 60 % short text chats (lognormal, median ~200) and 40 % image samples (~1,400)."""
+    rng = np.random.default_rng(seed)
+    text = rng.lognormal(5.3, 0.8, n)
+    image = rng.normal(1400, 350, n)
+    return np.clip(np.where(rng.random(n) < 0.6, text, image).astype(np.int64), 8, cap)
+
+
+def count_packs(packer) -> int:
+    n = 0
+    for _ in packer:
+        n += 1
+    return n
+
+
+def bench_throughput(n: int, repeats: int) -> bool:
+    cap, buf = 4096, 10_000
+    lens = lognormal_mix(n, cap)
+    algo_time = [0.0]
+
+    def timed_bfd(lengths, capacity, seed):
+        t = time.perf_counter()
+        bins = pack_lengths(lengths, capacity, STREAM_DEFAULT_ALGORITHM, seed=seed, shuffle_packs=False).bins
+        algo_time[0] += time.perf_counter() - t
+        return bins
+
+    # warm-up (numba JIT / cache load)
+    count_packs(StreamingPacker(lens[:20_000], cap, packing_buffer_size=buf, output="indices"))
+    pack_lengths(lens[:20_000], cap, STREAM_DEFAULT_ALGORITHM)
+
+    rows = {"map": [], "iterable": [], "offline": [], "algo_share": []}
+    ints = lens.tolist()
+    for _ in range(repeats):
+        t = time.perf_counter()
+        count_packs(StreamingPacker(lens, cap, packing_buffer_size=buf, output="indices"))
+        rows["map"].append(time.perf_counter() - t)
+        algo_time[0] = 0.0
+        t = time.perf_counter()
+        count_packs(StreamingPacker(lens, cap, packing_buffer_size=buf, output="indices", algorithm=timed_bfd))
+        rows["algo_share"].append(algo_time[0] / (time.perf_counter() - t))
+        t = time.perf_counter()
+        count_packs(StreamingPacker(iter_source(ints), cap, packing_buffer_size=buf, output="indices"))
+        rows["iterable"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        pack_lengths(lens, cap, STREAM_DEFAULT_ALGORITHM)
+        rows["offline"].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    rate = n / med["map"]
+    print(f"\n== 1. throughput: {n:,} length-only samples, buffer {buf:,}, capacity {cap}, median of {repeats}")
+    print(f"  map-style numpy source : {rate:14,.0f} samples/s  ({1e9 / rate:6.1f} ns/sample)")
+    print(f"  plain iterable of ints : {n / med['iterable']:14,.0f} samples/s")
+    print(f"  share inside algorithm : {100 * med['algo_share']:.1f} %  (packer overhead "
+          f"{1e9 * med['map'] * (1 - med['algo_share']) / n:.1f} ns/sample)")
+    print(f"  offline pack_lengths   : {n / med['offline']:14,.0f} samples/s  (streaming / offline time = "
+          f"{med['map'] / med['offline']:.2f})")
+    ok = rate >= 1_000_000
+    print(f"  goal >= 1,000,000 samples/s: {'PASS' if ok else 'MISS'}")
+    return ok
+
+
+class iter_source:
+    """A re-iterable plain iterable (no __getitem__): the packer must read it in order."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def bench_efficiency(n: int) -> bool:
+    print(f"\n== 2. efficiency: packs above L1 (%), {n:,} samples per data set")
+    print(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
+        f"B={b:<6} window  carry  wait" for b in (100, 1000, 10_000)))
+    all_ok = True
+    verdicts = []
+    for name, gen in (("lognormal", lognormal_mix), ("bimodal", bimodal_mix)):
+        for cap in (4096, 8192):
+            lens = gen(n, cap)
+            l1 = -(-int(lens.sum()) // cap)
+            off = pack_lengths(lens, cap, DEFAULT_ALGORITHM).num_bins
+            off_bfd = pack_lengths(lens, cap, STREAM_DEFAULT_ALGORITHM).num_bins
+            cells = []
+            goal = None
+            for b in (100, 1000, 10_000):
+                win = count_packs(StreamingPacker(lens, cap, packing_buffer_size=b, output="indices", carry_fill=0))
+                p = StreamingPacker(lens, cap, packing_buffer_size=b, output="indices")
+                car = count_packs(p)
+                cells.append(f"{100 * (win / l1 - 1):13.3f} {100 * (car / l1 - 1):6.3f} {p.stats['max_wait']:5d}")
+                if b == 1000:
+                    goal = car <= l1 * 1.001
+            print(f"  {name:10} {cap:5d} {l1:7d} {100 * (off / l1 - 1):8.3f} {100 * (off_bfd / l1 - 1):8.3f} | "
+                  + " | ".join(cells))
+            verdicts.append(f"{name} cap {cap}: {'PASS' if goal else 'MISS'}")
+            all_ok &= bool(goal)
+    print("  (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)")
+    print("  goal: buffer 1,000 with carry-over <= L1 + 0.1 %: " + "; ".join(verdicts))
+    return all_ok
+
+
+def bench_state_size() -> None:
+    import torch
+
+    lens = lognormal_mix(50_000, 4096)
+    p = StreamingPacker(lens, 4096, packing_buffer_size=10_000, output="indices")
+    it = iter(p)
+    for _ in range(50):
+        next(it)
+    state = p.state_dict()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    n_keys = len(state["buffer_keys"]) + len(state["pending_keys"])
+    print("\n== 3. state_dict size, buffer 10,000 (after 50 packs)")
+    print(f"  {n_keys:,} sample keys held; pickle {len(pickle.dumps(state)):,} B; torch.save {len(buf.getvalue()):,} B")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, finishes in < 60 s")
+    ap.add_argument("--n", type=int, default=None, help="samples for the throughput run")
+    ap.add_argument("--repeats", type=int, default=None)
+    args = ap.parse_args()
+    n_tp = args.n or (300_000 if args.quick else 1_000_000)
+    repeats = args.repeats or (2 if args.quick else 3)
+    n_eff = 150_000 if args.quick else 500_000
+    t0 = time.perf_counter()
+    ok1 = bench_throughput(n_tp, repeats)
+    ok2 = bench_efficiency(n_eff)
+    bench_state_size()
+    print(f"\nsummary: throughput {'PASS' if ok1 else 'MISS'}, efficiency {'PASS' if ok2 else 'MISS'} "
+          f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
