@@ -167,3 +167,15 @@ def test_B02_boundary_blind_cp_attention_is_refused():
     validate_cp_attention("ring_flash_attn_varlen", 4, num_segments=None)
     validate_cp_attention("ring_flash_attn", 2, num_segments=1)
     validate_cp_attention("ring_flash_attn", 1, num_segments=9)
+
+
+def test_B21_matches_transformer_engine_when_available():
+    torch = pytest.importorskip("torch")
+    tex = pytest.importorskip("transformer_engine_torch")
+    if not torch.cuda.is_available():
+        pytest.skip("Transformer Engine's THD partition kernel needs CUDA")
+    cup = torch.tensor([0, 8, 24, 32, 96], dtype=torch.int32, device="cuda")
+    for cp in (2, 4):
+        for r in range(cp):
+            te = tex.thd_get_partitioned_indices(cup, 96, cp, r).cpu().numpy().astype(np.int64)
+            assert te.tolist() == cp_partition_indices(cup, cp, r).tolist()
