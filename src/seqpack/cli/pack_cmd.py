@@ -109,7 +109,7 @@ def _print_entries(entries, output: Path, limit: int = 5) -> None:
     t = Table(title=f"records not packed as-is (first {min(limit, len(entries))} of {len(entries)})",
               title_justify="left")
     for col in ("sample_id", "status", "reason", "detail"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for e in entries[:limit]:
         detail = str(e.get("detail") or "")
         t.add_row(str(e.get("sample_id")), str(e.get("status")), str(e.get("reason")),
