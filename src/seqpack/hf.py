@@ -140,7 +140,12 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         compute_loss: pass the labels so ``outputs.loss`` is the token-mean cross entropy over this
             row's loss tokens (HF ``ForCausalLMLoss`` on our shifted labels). For global token
             normalisation across micro-batches use ``seqpack.loss`` on ``outputs.logits``.
-        **kwargs: forwarded to ``model(...)`` (e.g. ``output_router_logits=True``).
+        **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's)
+            on an MoE model, the decoder (``model.base_model``) and ``get_output_embeddings()`` run
+            directly and ``aux_loss`` is :func:`seqpack.moe.load_balancing_loss` over real tokens
+            (HF's own aux loss cannot take a 4-D mask); ``loss`` then adds
+            ``router_aux_loss_coef * aux_loss`` as HF does. Models that post-process logits
+            (soft-capping) are not covered by that path.
 
     Returns:
         the model output; ``logits`` is ``[1, T, V]`` (values at padding slots are meaningless).
@@ -160,4 +165,42 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         inputs.pop("labels", None)
         inputs.pop("shift_labels", None)
     kwargs.setdefault("use_cache", False)
+    want_router = kwargs.get("output_router_logits")
+    if want_router is None:
+        want_router = bool(getattr(model.config, "output_router_logits", False))
+    if want_router:
+        return _moe_forward(model, batch, inputs, kwargs)
     return model(**inputs, **kwargs)
+
+
+def _moe_forward(model, batch, inputs, kwargs):
+    """MoE with router outputs: HF's ``load_balancing_loss_func`` reshapes ``attention_mask`` as a 2-D
+    padding mask (a 4-D mask crashes it; without a mask, under flash, it counts padding). Run the
+    decoder, the output embedding and our padding-aware aux loss instead (same formula)."""
+    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+    from seqpack.adapters import as_batch
+    from seqpack.moe import load_balancing_loss
+
+    cfg = model.config
+    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    top_k = getattr(cfg, "num_experts_per_tok", None)
+    if not num_experts or not top_k:
+        raise ValueError("output_router_logits=True but the config names no num_experts/num_local_experts "
+                         "and num_experts_per_tok")
+    labels = inputs.pop("labels", None)
+    shift = inputs.pop("shift_labels", None)
+    kw = dict(kwargs)
+    kw["output_router_logits"] = True
+    base_out = model.base_model(**inputs, **kw)
+    logits = model.get_output_embeddings()(base_out.last_hidden_state)
+    pad = as_batch(batch)["padding_mask"].to(logits.device)
+    aux = load_balancing_loss(base_out.router_logits, pad, num_experts, top_k)
+    loss = None
+    if labels is not None:
+        from seqpack.loss import packed_cross_entropy
+
+        ls, n = packed_cross_entropy(logits, shift)
+        loss = ls / n.clamp(min=1) + getattr(cfg, "router_aux_loss_coef", 0.0) * aux
+    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=logits,
+                                     router_logits=base_out.router_logits)
