@@ -318,3 +318,83 @@ def test_resume_in_new_process_two_ranks_two_workers(tmp_path):
         assert len(ks) == len(set(ks)), "duplicated samples"
         all_keys += ks
     assert sorted(all_keys) == list(range(1200)), "every sample exactly once across 2 ranks x 2 workers"
+
+
+# ------------------------------------------------------------------------------------ epochs, loaders, self-sharding sources
+
+
+def test_resume_mid_epoch_two_restores_the_same_epoch():
+    lens = lognormal_lengths(500, 1024, 2)
+
+    def mk():
+        p = StreamingPacker(lens, 1024, packing_buffer_size=40, output="indices", seed=9)
+        p.set_epoch(2)
+        return p
+
+    full = [pk.tolist() for pk in mk()]
+    p = mk()
+    it = iter(p)
+    head = [next(it).tolist() for _ in range(10)]
+    state = roundtrip(p.state_dict())
+    assert state["epoch"] == 2
+    q = StreamingPacker(lens, 1024, packing_buffer_size=40, output="indices", seed=9)  # epoch comes from the state
+    q.load_state_dict(state)
+    assert head + [pk.tolist() for pk in q] == full
+    q.set_epoch(3)
+    assert sorted(keys_of(q)) == list(range(500))  # the next epoch starts fresh
+
+
+def test_stateful_dataloader_in_process_samples_output():
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    samples = make_samples(lognormal_lengths(150, 512, 4))
+
+    def loader():
+        p = StreamingPacker(samples, 512, packing_buffer_size=20, output="samples", seed=1)
+        return tdl.StatefulDataLoader(p, batch_size=None, num_workers=0)
+
+    full = [[s.sample_id for s in pk] for pk in loader()]
+    dl = loader()
+    head = []
+    for pk in dl:
+        head.append([s.sample_id for s in pk])
+        if len(head) == 9:
+            break
+    state = roundtrip(dl.state_dict())
+    dl2 = loader()
+    dl2.load_state_dict(state)
+    assert head + [[s.sample_id for s in pk] for pk in dl2] == full
+
+
+class SelfShardingStream(torch.utils.data.IterableDataset):
+    """Yields only the current DataLoader worker's items (like HF IterableDataset in workers)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(self.items[wid::nw])
+
+
+def test_self_sharding_source_with_shard_source_false():
+    lens = [int(x) for x in lognormal_lengths(300, 1024, 5)]
+    p = StreamingPacker(SelfShardingStream(lens), 1024, packing_buffer_size=16, output="samples", shard_source=False)
+    dl = torch.utils.data.DataLoader(p, batch_size=None, num_workers=2)
+    got = sorted(x for pk in dl for x in pk)
+    assert got == sorted(lens)
+
+
+def test_hf_iterable_dataset_double_sharding_is_refused():
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"length": list(range(1, 41))}).to_iterable_dataset(num_shards=2)
+    p = StreamingPacker(ds, 64, packing_buffer_size=8, output="samples", length_fn=lambda r: r["length"])
+    packs = list(p)  # main process: the HF dataset does not shard itself
+    assert sorted(r["length"] for pk in packs for r in pk) == list(range(1, 41))
+    dl = torch.utils.data.DataLoader(p, batch_size=None, num_workers=2)
+    with pytest.raises(Exception, match="shard_source=False"):
+        list(dl)
+    ok = StreamingPacker(ds, 64, packing_buffer_size=8, output="samples", length_fn=lambda r: r["length"],
+                         shard_source=False)
+    got = [r["length"] for pk in torch.utils.data.DataLoader(ok, batch_size=None, num_workers=2) for r in pk]
+    assert sorted(got) == list(range(1, 41))

@@ -358,6 +358,12 @@ class StreamingPacker(IterableDataset):
             packer within ``max_wait + 1`` rounds, i.e. before about ``(max_wait + 1) *
             packing_buffer_size`` further source samples have been read).
         length_fn: item -> tokens (default :func:`sample_length`).
+        shard_source: iterable sources only. ``True``: the packer reads the whole source and keeps
+            every ``S``-th item (module docstring). ``False``: the source already yields only this
+            (rank, worker)'s part, as a Hugging Face ``datasets.IterableDataset`` does inside
+            DataLoader workers and after ``split_dataset_by_node``; keys are then
+            ``local_position * S + shard``. Leaving it ``True`` for such a source would drop data,
+            so that combination is refused for HF iterable datasets.
 
     Attributes:
         stats: counters of the current/last iteration of this process (``samples_read``,
@@ -390,6 +396,7 @@ class StreamingPacker(IterableDataset):
         carry_fraction: float = 0.3,
         max_wait: int = 8,
         length_fn: Callable[[Any], int] | None = None,
+        shard_source: bool = True,
     ) -> None:
         super().__init__()
         _check_capacity(capacity, pad_to_multiple_of)
@@ -437,6 +444,7 @@ class StreamingPacker(IterableDataset):
         self.carry_fraction = float(carry_fraction)
         self.max_wait = int(max_wait)
         self.length_fn = length_fn or sample_length
+        self.shard_source = bool(shard_source)
         self.map_style = _is_map_style(source)
         self._numeric_source = isinstance(source, np.ndarray) and source.ndim == 1 and source.dtype.kind in "iu"
         self.epoch = 0
@@ -480,6 +488,7 @@ class StreamingPacker(IterableDataset):
             "carry_fraction": self.carry_fraction,
             "max_wait": self.max_wait,
             "source_kind": "map" if self.map_style else "iterable",
+            "shard_source": self.shard_source,
         }
         if self.map_style:
             cfg["source_len"] = len(self.source)
@@ -619,7 +628,11 @@ class StreamingPacker(IterableDataset):
             return read, (lambda k: src[int(k)])
 
         shard, nshards = self._shard()
-        it = itertools.islice(iter(self.source), shard, None, nshards)
+        if self.shard_source:
+            self._check_not_self_sharding()
+            it = itertools.islice(iter(self.source), shard, None, nshards)
+        else:
+            it = iter(self.source)
         # replay (plain iterables): skip to the cursor, collecting items still waiting in the state
         wanted = set(run.buf_keys.tolist()) | set(run.pend_keys.tolist()) if self.output != "indices" else set()
         found: dict[int, Any] = {}
@@ -650,6 +663,18 @@ class StreamingPacker(IterableDataset):
             return ks, lens, chunk
 
         return read, None
+
+    def _check_not_self_sharding(self) -> None:
+        src = self.source
+        if type(src).__name__ != "IterableDataset" or not type(src).__module__.startswith("datasets"):
+            return
+        _, nw = self._worker()
+        if nw > 1 or getattr(src, "_distributed", None) is not None:
+            raise ValueError(
+                "the source is a Hugging Face datasets.IterableDataset, which already yields only this "
+                "DataLoader worker's (and, after split_dataset_by_node, this rank's) shards; sharding it again "
+                "would skip samples. Pass shard_source=False to StreamingPacker"
+            )
 
     # -------------------------------------------------------------------------------- iteration
     def __iter__(self):
