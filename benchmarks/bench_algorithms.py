@@ -3,7 +3,8 @@
 Usage:
     python benchmarks/bench_algorithms.py            # n = 1,000,000 lognormal (+ other mixes)
     python benchmarks/bench_algorithms.py --quick    # n = 100,000, < 60 s
-    python benchmarks/bench_algorithms.py --n 300000 --algorithms balanced_best_fit,first_fit_decreasing
+    python benchmarks/bench_algorithms.py --n 300000 \
+        --algorithms balanced_best_fit,first_fit_decreasing --instances lognormal,uniform
 
 Prints one table per instance: algorithm, n, bins, L1 = ceil(sum/C), the Martello–Toth bound L2,
 excess % over L2, utilization (real tokens / (bins*C)), load spread (max - min pack load, tokens),

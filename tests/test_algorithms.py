@@ -385,7 +385,10 @@ def test_empty_packs_from_a_kernel_are_dropped(monkeypatch):
     from seqpack.algorithms import core
 
     algo = PackingAlgorithm.balanced_greedy_knapsack
-    monkeypatch.setitem(core._IMPL, algo, lambda s, c, seed: core._pack_balanced_greedy_knapsack(s, c, seed, factor=5.0))
+    def five_x(sizes, cap, seed):
+        return core._pack_balanced_greedy_knapsack(sizes, cap, seed, factor=5.0)
+
+    monkeypatch.setitem(core._IMPL, algo, five_x)
     plan = pack_lengths([3, 3], 8, algo)  # factor 5 opens 5 packs up front, 3 stay empty
     check_plan(plan, [3, 3])
     assert plan.num_bins == 2 and plan.bin_loads.tolist() == [3, 3]
