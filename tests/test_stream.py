@@ -398,3 +398,14 @@ def test_hf_iterable_dataset_double_sharding_is_refused():
                          shard_source=False)
     got = [r["length"] for pk in torch.utils.data.DataLoader(ok, batch_size=None, num_workers=2) for r in pk]
     assert sorted(got) == list(range(1, 41))
+
+
+def test_state_loaded_in_main_process_is_rechecked_inside_workers():
+    lens = lognormal_lengths(200, 1024)
+    p = StreamingPacker(lens, 1024, packing_buffer_size=20, output="indices")
+    it = iter(p)
+    next(it)
+    q = StreamingPacker(lens, 1024, packing_buffer_size=20, output="indices")
+    q.load_state_dict(p.state_dict())  # fine here (one process, no workers) ...
+    with pytest.raises(Exception, match="num_workers: saved 1 vs now 2"):
+        list(torch.utils.data.DataLoader(q, batch_size=None, num_workers=2))  # ... refused in the workers

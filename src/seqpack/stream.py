@@ -574,17 +574,21 @@ class StreamingPacker(IterableDataset):
             raise ValueError("not a StreamingPacker state (missing 'config'); pass packer.state_dict() output")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
+        self._check_config(state)
+        self._pending_state = state
+        self.epoch = int(state["epoch"])
+        self._live = None
+
+    def _check_config(self, state: dict[str, Any]) -> None:
         mine, theirs = self._config(), state["config"]
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: saved {theirs.get(k)!r} vs now {mine.get(k)!r}" for k in diff)
             raise ValueError(
                 f"cannot resume: the state was saved under different settings ({detail}); restore with the "
-                "same settings or start a fresh run"
+                "same settings or start a fresh run (with DataLoader workers, restore through torchdata's "
+                "StatefulDataLoader, which hands every worker its own state)"
             )
-        self._pending_state = state
-        self.epoch = int(state["epoch"])
-        self._live = None
 
     def _run_from_state(self, state: dict[str, Any]) -> _Run:
         run = _Run()
@@ -680,6 +684,7 @@ class StreamingPacker(IterableDataset):
     def __iter__(self):
         state, self._pending_state = self._pending_state, None
         if state is not None:
+            self._check_config(state)  # again: inside a worker the shard may differ from load time
             run = self._run_from_state(state)
         else:
             run = _Run()
