@@ -292,6 +292,10 @@ def test_parquet_glob_and_hf_dataset_inputs(tmp_path, qwen3_tokenizer):
     assert rep2.records_read == 10 and seen[-1] == ("prepare", 10, 10)
     assert len({s.sample_id for s in samples2}) == 10  # unique ids across same-named datasets
     assert [s.input_ids.tolist() for s in samples2[:5]] == [s.input_ids.tolist() for s in samples[:5]]
+    it_samples, it_rep = prepare(ds.to_iterable_dataset(), qwen3_tokenizer, seq_length=64,
+                                 progress=lambda *a: seen.append(a))
+    assert it_rep.records_read == 5 and seen[-1] == ("prepare", 5, None)
+    assert [s.input_ids.tolist() for s in it_samples] == [s.input_ids.tolist() for s in samples[:5]]
     with pytest.raises(DataFormatError, match="DatasetDict"):
         prepare(datasets.DatasetDict({"train": ds}), qwen3_tokenizer, seq_length=64)
 

@@ -446,3 +446,48 @@ def test_spans_agree_with_generation_tags_of_trl_training_templates(qwen3_tokeni
         theirs = theirs & ~extra
     assert ours.tolist() == theirs.tolist()
     assert int(ours.sum()) > 0
+
+
+def test_content_with_template_markers_is_reported_not_mistrained(tmp_path, qwen3_tokenizer):
+    """A record whose assistant text contains '<|im_end|>' itself: the span search goes past the
+    content, and a user text holding a fake turn does not shift the spans."""
+    tok = qwen3_tokenizer
+    p = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x<|im_end|>y"}]}],
+    )
+    (s,), _ = prepare(p, tok, seq_length=256)
+    assert [tok.decode(r) for r in trained_runs(s.labels)] == ["<think>\n\n</think>\n\nx<|im_end|>y<|im_end|>"]
+
+
+def test_chat_template_kwargs_enable_thinking(tmp_path, qwen3_tokenizer):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "q", "output": "a"}])
+    (s,), _ = prepare(p, qwen3_tokenizer, seq_length=256, chat_template_kwargs={"enable_thinking": False})
+    assert [qwen3_tokenizer.decode(r) for r in trained_runs(s.labels)] == ["<think>\n\n</think>\n\na<|im_end|>"]
+
+
+def _with_template(tok, template):
+    t = copy.copy(tok)
+    t.chat_template = template
+    return t
+
+
+_T = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content FILTER }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_template_that_rewrites_content_is_an_error_not_silent(tmp_path, qwen3_tokenizer):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "q", "output": "HelloZ"}, {"instruction": "q", "output": "ok"}])
+    tok = _with_template(qwen3_tokenizer, _T.replace("FILTER", "| replace('Z', 'z')"))
+    with pytest.raises(Exception) as ei:
+        prepare(p, tok, seq_length=256)
+    assert getattr(ei.value, "reason", None) == "template_span_mismatch" and "d.jsonl" in str(ei.value)
+    samples, rep = prepare(p, tok, seq_length=256, on_error="skip")
+    assert len(samples) == 1 and rep.entries[0].reason == "template_span_mismatch" and rep.entries[0].index == 0
+    with pytest.raises(Exception, match="not render message contents verbatim"):
+        prepare(p, _with_template(qwen3_tokenizer, _T.replace("FILTER", "| upper")), seq_length=256)
+    with pytest.raises(Exception, match="no end-of-turn marker"):
+        prepare(p, _with_template(qwen3_tokenizer, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"),
+                seq_length=256)

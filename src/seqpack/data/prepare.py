@@ -29,6 +29,7 @@ def prepare(
     format: str | None = None,
     progress: ProgressFn | None = None,
     keep_untrainable: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
     batch_size: int = 1024,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
@@ -50,6 +51,8 @@ def prepare(
         progress: optional ``callback(stage, done, total)``; stage ``"prepare"`` counts records
             (``total`` is known for datasets, ``None`` for files).
         keep_untrainable: keep samples that have no trainable label (default: drop and report them).
+        chat_template_kwargs: extra template variables for every render (e.g.
+            ``{"enable_thinking": False}``).
         batch_size: records per batched tokenizer call.
 
     Returns:
@@ -77,7 +80,7 @@ def prepare(
         from .tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    markers = TemplateMarkers.probe(tokenizer)
+    markers = TemplateMarkers.probe(tokenizer, chat_template_kwargs)
 
     items = expand_inputs(inputs)
     names = _display_names(items)
@@ -121,7 +124,7 @@ def prepare(
             sid = f"{name}:{raw.index}"
             try:
                 conv = normalize_record(raw, format)
-                text, spans = render_conversation(conv, tokenizer, markers)
+                text, spans = render_conversation(conv, tokenizer, markers, chat_template_kwargs)
             except DataFormatError as e:
                 if on_error == "raise":
                     raise

@@ -81,7 +81,7 @@ class TemplateMarkers:
         return tuple(dict.fromkeys(e for e in (self.end_of_turn, self.end_of_turn_mid) if e))
 
     @classmethod
-    def probe(cls, tokenizer: Any) -> "TemplateMarkers":
+    def probe(cls, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> "TemplateMarkers":
         """Learn the markers of ``tokenizer.chat_template`` by rendering sentinel conversations.
 
         Renders ``[user]`` with and without the generation prompt, ``[user, assistant]`` and
@@ -91,12 +91,15 @@ class TemplateMarkers:
         after the user turn's closing text; end-of-turn markers are the texts after an assistant
         content up to the EOS token / the user turn's closing pattern, compared token by token.
 
+        ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to every render.
+
         Raises:
             DataFormatError: (reason ``"template_error"``) the template cannot render a plain
                 user/assistant exchange, or renders nothing after the assistant content.
         """
+        kw = dict(chat_template_kwargs or {})
         cached = getattr(tokenizer, "_seqpack_markers", None)
-        key = _template_key(tokenizer)
+        key = (_template_key(tokenizer), repr(sorted(kw.items())))
         if cached is not None and cached[0] == key:
             return cached[1]
         name = str(getattr(tokenizer, "name_or_path", "tokenizer"))
@@ -105,9 +108,9 @@ class TemplateMarkers:
         both = user + [{"role": "assistant", "content": a1}]
         two = both + [{"role": "user", "content": u2}, {"role": "assistant", "content": a2}]
         try:
-            base = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=False)
-            gen = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-            full = tokenizer.apply_chat_template(both, tokenize=False)
+            base = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=False, **kw)
+            gen = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True, **kw)
+            full = tokenizer.apply_chat_template(both, tokenize=False, **kw)
         except Exception as e:  # noqa: BLE001
             raise DataFormatError(
                 f"the chat template cannot render a user/assistant exchange: {e}",
@@ -116,7 +119,7 @@ class TemplateMarkers:
                 fix="use a tokenizer whose chat_template supports user and assistant roles.",
             ) from e
         try:
-            full2 = tokenizer.apply_chat_template(two, tokenize=False)
+            full2 = tokenizer.apply_chat_template(two, tokenize=False, **kw)
         except Exception:  # noqa: BLE001 - single-turn-only templates
             full2 = None
         ia, iu, iu_base = full.find(a1), full.find(u1), base.find(u1)
@@ -215,7 +218,10 @@ def _common_prefix_len(a: str, b: str) -> int:
 
 
 def render_conversation(
-    conv: Conversation, tokenizer: Any, markers: TemplateMarkers
+    conv: Conversation,
+    tokenizer: Any,
+    markers: TemplateMarkers,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render one conversation with the tokenizer's chat template and find its assistant spans.
 
@@ -228,7 +234,9 @@ def render_conversation(
             alternate) or an assistant turn could not be located (``"template_span_mismatch"``).
     """
     try:
-        text = tokenizer.apply_chat_template(conv.messages, tools=conv.tools, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            conv.messages, tools=conv.tools, tokenize=False, **(chat_template_kwargs or {})
+        )
     except Exception as e:  # noqa: BLE001
         raise DataFormatError(
             f"the chat template failed on this record: {e}",
@@ -292,6 +300,17 @@ def render_conversation(
                 fix="the chat template does not close this assistant turn; use another template.",
             )
         end = e + len(eot)
+        plain = content.strip()
+        if plain and "<think>" not in content and "</think>" not in content and plain not in text[start:end]:
+            raise DataFormatError(
+                f"assistant message {k}: its content is not inside the span found for it "
+                f"({text[start:end][:80]!r}...), so the template does not render it verbatim or the turn "
+                "boundaries are ambiguous (e.g. content holding template markers).",
+                source=conv.source,
+                index=conv.index,
+                reason="template_span_mismatch",
+                fix="check the record for chat-template marker strings in its text, or skip it with on_error='skip'.",
+            )
         spans.append((start, end))
         cursor = end
     return text, spans
