@@ -1,0 +1,162 @@
+"""Collate speed and loss memory (issue #3 "done when").
+
+1. Time to build one training batch of 8 x 4096 tokens (goal <= 2 ms), median of repeats:
+   - ``PackedCollator`` over 8 offline packs of T = 4096 (flattened into one [1, 32768] THD row),
+   - ``InBatchPackingCollator`` packing the same samples at collate time,
+   against baselines measured in the same run: ``PaddedCollator`` (right-padded [B, S]) and
+   transformers' ``DataCollatorWithFlattening`` on the same samples.
+2. Peak memory of the loss at T = 8192 with the Qwen3 vocabulary (151,936): naive
+   ``F.cross_entropy(hidden @ W.T)`` forward+backward against ``seqpack.loss.chunked_cross_entropy``.
+   Measured as the peak-RSS delta (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after the step minus
+   after allocating inputs and weights) of a fresh subprocess per case, so nothing else in the process
+   contributes. The naive case at T = 8192 needs ~15-20 GB; by default it is measured at T = 1024 and
+   2048 and the T = 8192 figure is extrapolated linearly (its [T, V] tensors scale with T); pass
+   ``--naive-8192`` to measure it directly on a machine with the memory.
+
+Run: ``python benchmarks/bench_collate.py [--repeats 200] [--skip-memory] [--naive-8192]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+VOCAB = 151_936
+
+
+def _samples_for_rows(rows: int = 8, T: int = 4096, seed: int = 0):
+    from seqpack.data.sample import Sample
+
+    rng = np.random.default_rng(seed)
+    packs = []
+    for r in range(rows):
+        lens, left = [], T
+        while left > 0:
+            L = int(min(left, max(16, rng.lognormal(5.8, 0.7))))
+            L -= L % 8 if left - L >= 8 else 0
+            L = max(1, min(L, left))
+            lens.append(L)
+            left -= L
+        pack = []
+        for i, L in enumerate(lens):
+            ids = rng.integers(0, VOCAB, L).astype(np.int32)
+            lab = np.r_[ids[1:], -100].astype(np.int32)
+            pack.append(Sample(ids, lab, sample_id=f"r{r}s{i}"))
+        packs.append(pack)
+    return packs
+
+
+def _time(fn, repeats):
+    for _ in range(5):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def bench_collate(repeats: int) -> None:
+    from transformers import DataCollatorWithFlattening
+
+    from seqpack.collate import InBatchPackingCollator, PackedCollator, PaddedCollator
+    from seqpack.packed import build_packed_sequence
+
+    packs = _samples_for_rows()
+    rows = [build_packed_sequence(p, pad_token_id=0, seq_length=4096, pad_to_max_length=True) for p in packs]
+    flat = [s for p in packs for s in p]
+    n_tok = sum(s.length for s in flat)
+    pc = PackedCollator()
+    ib = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=1)
+    ib8 = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8)
+    pad = PaddedCollator(pad_token_id=0)
+    hf_feats = [{"input_ids": s.input_ids.tolist(), "labels": s.labels.tolist()} for s in flat]
+    hf = DataCollatorWithFlattening(return_tensors="pt")
+    assert pc(rows)["input_ids"].shape == (1, 8 * 4096)
+    res = {
+        "PackedCollator (8 offline packs x 4096 -> [1, 32768])": _time(lambda: pc(rows), repeats),
+        f"InBatchPackingCollator ({len(flat)} samples, {n_tok} tokens, multiple 1)": _time(lambda: ib(flat), repeats),
+        f"InBatchPackingCollator ({len(flat)} samples, multiple 8)": _time(lambda: ib8(flat), repeats),
+        f"baseline PaddedCollator ({len(flat)} samples -> [B, S])": _time(lambda: pad(flat), max(10, repeats // 10)),
+        f"baseline HF DataCollatorWithFlattening ({len(flat)} samples)": _time(lambda: hf(hf_feats),
+                                                                               max(10, repeats // 10)),
+    }
+    print(f"## collate: one batch of 8 x 4096 tokens (median of {repeats} repeats, goal <= 2 ms)")
+    base = res[next(k for k in res if k.startswith("baseline HF"))]
+    for k, v in res.items():
+        print(f"{k:75s} {v:9.3f} ms   ({base / v:6.1f}x vs HF flattening)")
+
+
+_MEM_CHILD = r"""
+import json, resource, sys, torch, torch.nn.functional as F
+sys.path.insert(0, {src!r})
+from seqpack.loss import chunked_cross_entropy
+torch.manual_seed(0)
+T, H, V, mode, chunk = {T}, {H}, {V}, {mode!r}, {chunk}
+hidden = torch.randn(T, H, requires_grad=True)
+weight = (torch.randn(V, H) * 0.02).requires_grad_()
+labels = torch.randint(0, V, (T,))
+def rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = rss()
+import time; t0 = time.perf_counter()
+if mode == "naive":
+    loss = F.cross_entropy((hidden @ weight.t()).float(), labels, reduction="sum")
+else:
+    loss, _ = chunked_cross_entropy(hidden, weight, labels, chunk_size=chunk)
+loss.backward()
+dt = time.perf_counter() - t0
+print(json.dumps({{"peak_delta": rss() - base, "seconds": dt, "loss": float(loss)}}))
+"""
+
+
+def _mem_case(T, mode, H=128, chunk=1024):
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    code = _MEM_CHILD.format(src=src, T=T, H=H, V=VOCAB, mode=mode, chunk=chunk)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_memory(naive_8192: bool) -> None:
+    H = 128
+    print(f"\n## loss peak memory, V = {VOCAB}, H = {H}, fp32 forward+backward "
+          "(peak-RSS delta of a fresh subprocess)")
+    naive = {}
+    for T in ([1024, 2048, 8192] if naive_8192 else [1024, 2048]):
+        r = _mem_case(T, "naive", H)
+        naive[T] = r["peak_delta"]
+        print(f"naive   T={T:5d}: {r['peak_delta'] / 2**30:7.2f} GiB  ({r['seconds']:.1f} s)")
+    if 8192 not in naive:
+        slope = (naive[2048] - naive[1024]) / 1024
+        naive[8192] = naive[2048] + slope * (8192 - 2048)
+        print(f"naive   T= 8192: {naive[8192] / 2**30:7.2f} GiB  (linear extrapolation from T=1024/2048; "
+              f"one [T, V] fp32 tensor alone = {8192 * VOCAB * 4 / 2**30:.2f} GiB)")
+    for chunk in (1024, 256):
+        r = _mem_case(8192, "chunked", H, chunk)
+        print(f"chunked T= 8192, chunk {chunk:4d}: {r['peak_delta'] / 2**30:7.2f} GiB  ({r['seconds']:.1f} s)  "
+              f"-> {naive[8192] / max(r['peak_delta'], 1):.1f}x less than naive")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--naive-8192", action="store_true", help="measure the naive loss at T=8192 (~15-20 GB)")
+    a = ap.parse_args()
+    bench_collate(a.repeats)
+    if not a.skip_memory:
+        bench_memory(a.naive_8192)
+
+
+if __name__ == "__main__":
+    main()
