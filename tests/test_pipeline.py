@@ -295,3 +295,32 @@ def test_build_metadata_statistics_by_hand():
                            settings=settings, described_inputs=[{"path": "r", "bytes": 1, "sha256": "x"}],
                            tokenizer_name="qwen3", fingerprint_extra={"planning": "per_shard"})
     assert other.fingerprint != meta.fingerprint and other.extra["fingerprint_extra"] == {"planning": "per_shard"}
+
+
+def _chat(user: str, answer: str) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
+
+
+def test_skipped_and_dropped_records_are_counted_and_reported(tmp_path, qwen3_tokenizer):
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join([_chat("hi", "hello"), "{not json", _chat("long?", " ".join(["w"] * 300)),
+                               _chat("bye", "goodbye")]) + "\n")
+    res = pack_dataset(data, tmp_path / "o", tokenizer=qwen3_tokenizer, seq_length=64, overlength="drop",
+                       on_error="skip")
+    c = res.metadata.counts
+    assert c["records_read"] == 4 and c["samples_packed"] == 2
+    assert sum(c["skipped"].values()) == 1 and sum(c["dropped"].values()) == 1
+    rep = {e["sample_id"]: e for e in load_packed(res.output).report()}
+    assert rep["mixed.jsonl:1"]["status"] == "skipped" and rep["mixed.jsonl:2"]["status"] == "dropped"
+    ds = load_packed(res.output)
+    assert sorted(s for i in range(len(ds)) for s in ds[i].sample_ids) == ["mixed.jsonl:0", "mixed.jsonl:3"]
+
+
+def test_nothing_left_to_pack_is_an_error_and_writes_nothing(tmp_path, qwen3_tokenizer):
+    from seqpack.pipeline import NothingToPackError
+
+    data = tmp_path / "long.jsonl"
+    data.write_text(_chat("long?", " ".join(["w"] * 300)) + "\n")
+    with pytest.raises(NothingToPackError, match=r"1 record\(s\) read.*dropped"):
+        pack_dataset(data, tmp_path / "o", tokenizer=qwen3_tokenizer, seq_length=64, overlength="drop")
+    assert not (tmp_path / "o").exists()

@@ -23,11 +23,23 @@ from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
 from seqpack.io.writer import PackedWriter, check_output_dir
 from seqpack.padding import compute_pad_multiple
 
-__all__ = ["PackConfigError", "PackResult", "build_metadata", "pack_dataset", "sample_data_path", "resolve_algorithm"]
+__all__ = [
+    "NothingToPackError",
+    "PackConfigError",
+    "PackResult",
+    "build_metadata",
+    "pack_dataset",
+    "resolve_algorithm",
+    "sample_data_path",
+]
 
 
 class PackConfigError(ValueError):
     """Invalid packing settings (the message names the config keys and the fix)."""
+
+
+class NothingToPackError(ValueError):
+    """Every input record was dropped or skipped; the message gives the counts per reason."""
 
 
 def sample_data_path() -> Path:
@@ -315,7 +327,8 @@ def pack_dataset(
 
     Raises:
         PackConfigError: invalid settings (names the keys), e.g. ``seq_length`` not divisible by the
-            multiple (case B23: capacity 150 with CP=2) or no sample left to pack.
+            multiple (case B23: capacity 150 with CP=2).
+        NothingToPackError: every record was dropped or skipped (nothing is written).
         FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
         FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix).
     """
@@ -348,7 +361,7 @@ def pack_dataset(
     t_prep = time.perf_counter()
     say(f"prepared {len(samples)} samples from {report.records_read} records")
     if not samples:
-        raise PackConfigError(
+        raise NothingToPackError(
             f"no sample left to pack: {report.records_read} record(s) read, none usable "
             f"({report.by_reason() or 'no records'}); check the inputs, --format and --overlength/--on-error"
         )

@@ -173,12 +173,22 @@ def _describe(a) -> str:
                     return str(v).strip().splitlines()[0]
     except ImportError:  # pragma: no cover
         pass
-    # Fall back to the row of the table in PackingAlgorithm's docstring (its one source of truth):
-    # ``member`` [(default)]  optimises  complexity  origin
+    # Fall back to PackingAlgorithm's docstring (its one source of truth), in either layout:
+    #   * ``member`` [(default)]: text, continued on indented lines            (bullet list)
+    #   ``member`` [(default)]   optimises   complexity   origin               (RST table row)
     import re
 
     lines = (type(a).__doc__ or "").splitlines()
     for k, line in enumerate(lines):
+        mb = re.match(r"^(\s*)[*-]\s+``(\w+)``(?:\s*\(default\))?\s*:\s*(.*)$", line)
+        if mb and mb.group(2) == a.value:
+            text, indent = mb.group(3).strip(), len(mb.group(1))
+            for cont in lines[k + 1 :]:
+                stripped = cont.strip()
+                if not stripped or stripped.startswith(("* ", "- ")) or len(cont) - len(cont.lstrip()) <= indent:
+                    break
+                text += " " + stripped
+            return text
         mt = re.match(r"^\s*``(\w+)``(?:\s*\(default\))?\s{2,}(.+?)\s{2,}(\S+(?: \S+)*)\s{2,}(.+)$", line)
         if mt and mt.group(1) == a.value:
             origin = mt.group(4).strip()

@@ -34,7 +34,6 @@ from seqpack.io.metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
     REPORT_FILE,
-    PackedDatasetError,
     PackedMetadata,
     ShardInfo,
 )
@@ -341,5 +340,3 @@ def write_packed(
         w.write_all(rows)
         return w.finalize(metadata, report_entries)
 
-
-__all__ += ["PackedDatasetError"]
