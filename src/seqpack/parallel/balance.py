@@ -18,9 +18,10 @@ Method (:func:`balance_packs`), numpy only:
 3. **Refinement.** Sweeps over neighbouring steps (in cost order) try every single-pack swap
    between the two and keep one when it lowers the worse step's score (a 2-opt style local search
    that fixes the tail, e.g. an under-filled pack among full ones).
-   Then a repair phase: the currently worst step swaps one pack with the best partner slot among
-   nearby steps and a random sample of the rest (min-max local search), until every step is on
-   target, no swap helps, or the repair budget is spent.
+   Then repair phases (cost alone, tokens alone, both): the currently worst step swaps one pack
+   with the best partner slot among nearby steps and a random sample of the rest (min-max local
+   search, never raising the plan's worst token or cost figure), until every step is on target, no
+   swap helps, or the phase's repair budget is spent.
 4. **Order.** Steps are shuffled with a seeded RNG so training sees no length curriculum; inside a
    rank, micro-batches keep descending cost.
 5. **Remainder.** When the pack count is not a multiple of ``dp_size * micro_batches`` the last step
@@ -211,7 +212,7 @@ def balance_packs(
         refine_passes: sweeps of pairwise swaps between neighbouring steps (in cost order) that
             lower the worse step's score ``max(token_spread / token_tolerance,
             (cost_max/mean - 1) / cost_tolerance)``; 0 disables.
-        max_repairs: budget of global repairs: the worst step (by that score) swaps one pack with
+        max_repairs: budget of repairs per phase (3 phases): the worst step (by that score) swaps one pack with
             the best partner slot among the 64 nearest steps (cost order) and 128 random ones, as long
             as the worst score drops; 0 disables.
         token_tolerance, cost_tolerance: the scales of that score (targets: 0.1% token spread,
@@ -253,7 +254,10 @@ def balance_packs(
     if refine_passes > 0:
         _refine(steps, tokens, cost, mb, refine_passes, token_tolerance, cost_tolerance)
     if max_repairs > 0:
-        _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance, seed=seed)
+        # lexicographic phases: cost alone, tokens alone, then both (each Pareto-monotone)
+        for wt, wc in ((0.0, 1.0), (1.0, 0.0), (1.0, 1.0)):
+            _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance, seed=seed,
+                          wt=wt, wc=wc)
     for grid in steps:  # inside a rank: micro-batches in descending cost, fillers last
         key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)])
         grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
@@ -328,7 +332,8 @@ def _excl(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(amax, top2, top1), np.where(amin, low2, low1)
 
 
-def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, samples=128, seed=0) -> None:
+def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, samples=128, seed=0,
+                  wt: float = 1.0, wc: float = 1.0) -> None:
     """Min-max repair: the worst full step swaps one pack with the best slot of any other full step.
 
     Kept swaps lower the worst step's score, leave the partner below that score, and never raise the
@@ -350,7 +355,7 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, sample
     rng = np.random.default_rng(seed)
     for _ in range(budget):
         tp, cp = _parts(tl, cl, tt, ct)
-        sc = np.where(stuck, -np.inf, np.maximum(tp, cp))
+        sc = np.where(stuck, -np.inf, np.maximum(wt * tp, wc * cp))
         a = int(np.argmax(sc))
         cur = float(sc[a])
         if cur <= 1.0:
@@ -388,9 +393,9 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, sample
             np.maximum((tlc.sum(-1)[None, :, None] - dt) / dp, 1e-12)) / tt
         cb_new = (np.maximum(bcmx[:, rb][None], ub) / np.maximum((clc.sum(-1)[None, :, None] - dc) / dp, 1e-12)
                   - 1.0) / ct
-        new = np.maximum(ta_new, ca_new)  # the worst step's new score
+        new = np.maximum(wt * ta_new, wc * ca_new)  # the worst step's new score
         bad = (ta_new > t_lim + 1e-12) | (tb_new > t_lim + 1e-12) | (ca_new > c_lim + 1e-12) | (cb_new > c_lim + 1e-12)
-        new = np.where(bad | (np.maximum(tb_new, cb_new) >= cur), np.inf, new)
+        new = np.where(bad | (np.maximum(wt * tb_new, wc * cb_new) >= cur), np.inf, new)
         i, bc, j = np.unravel_index(int(np.argmin(new)), new.shape)
         if not new[i, bc, j] < cur - 1e-9:
             stuck[a] = True
