@@ -392,3 +392,87 @@ def test_empty_packs_from_a_kernel_are_dropped(monkeypatch):
     plan = pack_lengths([3, 3], 8, algo)  # factor 5 opens 5 packs up front, 3 stay empty
     check_plan(plan, [3, 3])
     assert plan.num_bins == 2 and plan.bin_loads.tolist() == [3, 3]
+
+
+def ref_greedy_knapsack(lengths, cap):
+    """LLaMA-Factory's greedy_knapsack on plain numbers (sorted list, bisect, pop)."""
+    import bisect
+
+    numbers = sorted(lengths)
+    out = []
+    while numbers:
+        room, pack = cap, []
+        while True:
+            k = bisect.bisect_right(numbers, room) - 1
+            if k < 0:
+                break
+            room -= numbers[k]
+            pack.append(numbers.pop(k))
+        out.append(sorted(pack))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_knapsack_equals_llamafactory_reference(seed):
+    rng = np.random.default_rng(100 + seed)
+    cap = int(rng.integers(8, 300))
+    x = rng.integers(1, cap + 1, int(rng.integers(1, 400))).tolist()
+    plan = pack_lengths(x, cap, "greedy_knapsack", shuffle_packs=False)
+    assert [sorted(np.asarray(x)[b].tolist()) for b in plan.bins] == ref_greedy_knapsack(x, cap)
+
+
+def ref_mffd(lengths, cap):
+    """Pure-Python Johnson & Garey MFFD (ties among equal lengths: lower index first)."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    big = [i for i in order if 2 * lengths[i] > cap]
+    med = [i for i in order if 2 * lengths[i] <= cap < 3 * lengths[i]]
+    small = [i for i in order if 3 * lengths[i] <= cap < 6 * lengths[i]]
+    bins = [[i] for i in big]
+    rem = [cap - lengths[i] for i in big]
+    has_med = [False] * len(big)
+    for a in range(len(big)):
+        if med and min(lengths[i] for i in med) <= rem[a]:
+            best = max((i for i in med if lengths[i] <= rem[a]), key=lambda i: (lengths[i], -i))
+            med.remove(best)
+            bins[a].append(best)
+            rem[a] -= lengths[best]
+            has_med[a] = True
+    for a in reversed(range(len(big))):
+        if has_med[a] or len(small) < 2:
+            continue
+        by_size = sorted(small, key=lambda i: (lengths[i], i))
+        s1, s2 = by_size[0], by_size[1]
+        if lengths[s1] + lengths[s2] > rem[a]:
+            continue
+        small.remove(s1)
+        bins[a].append(s1)
+        rem[a] -= lengths[s1]
+        best = max((i for i in small if lengths[i] <= rem[a]), key=lambda i: (lengths[i], -i))
+        small.remove(best)
+        bins[a].append(best)
+        rem[a] -= lengths[best]
+    placed = {i for b in bins for i in b}
+    for i in order:
+        if i in placed:
+            continue
+        for b in range(len(bins)):
+            if rem[b] >= lengths[i]:
+                bins[b].append(i)
+                rem[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            rem.append(cap - lengths[i])
+    return [sorted(b) for b in bins]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_mffd_equals_reference(seed):
+    rng = np.random.default_rng(200 + seed)
+    cap = int(rng.integers(6, 300))
+    x = rng.integers(1, cap + 1, int(rng.integers(1, 300))).tolist()
+    if seed % 2:  # concentrate on the A/B/C classes and ties
+        x = rng.choice([cap // 2 + 1, cap // 3 + 1, cap // 4, cap // 5 + 1, 1], len(x)).clip(1, cap).tolist()
+    plan = pack_lengths(x, cap, "modified_first_fit_decreasing", shuffle_packs=False)
+    assert ordered_sets(plan) == ref_mffd(x, cap)

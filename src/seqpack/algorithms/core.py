@@ -295,8 +295,9 @@ def _pack_modified_first_fit_decreasing(sizes, cap, seed):
 
 def _pack_greedy_knapsack(sizes, cap, seed):
     """LLaMA-Factory ``greedy_knapsack``: fill one pack at a time with the largest remaining
-    sample that still fits, close it when nothing fits. Same packs as LLaMA-Factory's bisect
-    version, in O(n log C) instead of O(n^2)."""
+    sample that still fits, close it when nothing fits. The same lengths per pack as
+    LLaMA-Factory's bisect-and-pop version (ties among equal lengths go to the lower index), in
+    O(n log C) instead of O(n^2)."""
     return K.greedy_knapsack(sizes, cap)
 
 
