@@ -100,6 +100,21 @@ def test_B23_capacity_150_rejected_before_any_data():
     check_divisibility(152, m, context_parallel_size=2)  # fine
 
 
+def test_local_boundaries_of_a_cp_slice():
+    from seqpack.parallel import cp_local_cu_seqlens_padded
+
+    cup = np.array([0, 8, 12, 20], dtype=np.int32)
+    local = cp_local_cu_seqlens_padded(cup, 2)
+    assert local.tolist() == [0, 4, 6, 10] and local.dtype == np.int32
+    # each rank's slice really holds segment i at local slots [local[i], local[i+1])
+    seq_idx = np.repeat(np.arange(3), np.diff(cup))
+    for r in range(2):
+        got = seq_idx[cp_partition_indices(cup, 2, r)]
+        assert got.tolist() == np.repeat(np.arange(3), np.diff(local)).tolist()
+    with pytest.raises(ValueError, match="segment 1"):
+        cp_local_cu_seqlens_padded([0, 8, 14], 2)
+
+
 def test_B23_cp_slices_of_padded_row():
     m = compute_pad_multiple(context_parallel_size=2)
     p = build_packed_sequence([mk(np.arange(1, L + 1), f"s{L}") for L in (5, 3, 7)], pad_to_multiple_of=m,

@@ -32,6 +32,7 @@ __all__ = [
     "PER_TOKEN_FIELDS",
     "check_divisibility",
     "cp_partition_indices",
+    "cp_local_cu_seqlens_padded",
     "slice_for_cp",
     "gather_from_cp",
     "validate_cp_attention",
@@ -150,6 +151,23 @@ def cp_partition_indices(cu_seqlens_padded, cp_size: int, cp_rank: int) -> np.nd
     r = int(cp_rank)
     idx = seg_start_rep + np.where(kk < c_rep, r * c_rep + kk, (k - 1 - r) * c_rep + (kk - c_rep))
     return idx.astype(np.int64)
+
+
+def cp_local_cu_seqlens_padded(cu_seqlens_padded, cp_size: int) -> np.ndarray:
+    """Rank-local physical boundaries of a CP slice: ``cu_seqlens_padded // cp_size`` (int32 [N+1]).
+
+    Every rank holds ``padded_len_i / cp_size`` slots of segment ``i`` (two chunks), contiguous and in
+    segment order, so the local boundaries are the global ones divided by CP. Transformer Engine
+    derives these itself from the global arrays (pass it the global ones); this helper is for kernels
+    that take rank-local varlen boundaries (e.g. a per-rank flash-attn varlen call over the local
+    queries). Same for every rank.
+
+    Raises:
+        ValueError: as :func:`cp_partition_indices` (a segment not divisible by ``2*cp_size``).
+    """
+    cup = trim_cu_seqlens(_to_numpy_int(cu_seqlens_padded)).astype(np.int64)
+    cp_partition_indices(cup, cp_size, 0)  # validates divisibility with a readable error
+    return np.ascontiguousarray(cup // int(cp_size), dtype=np.int32)
 
 
 def _take(x, idx: np.ndarray, axis: int):
