@@ -119,6 +119,10 @@ def test_inspect_writes_report_png(packed_dir, tmp_path):
     res = _run("inspect", out, "--plot", target)
     assert res.exit_code == 0 and target.is_file()
     assert load_packed(out)  # the PNG and cache do not break the dataset checks
+    res = _run("inspect", out, "--json")
+    assert res.exit_code == 0
+    md = json.loads(res.output)
+    assert md == json.loads((out / "metadata.json").read_text())
 
 
 def test_algorithms_lists_one_line_each():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -336,3 +337,39 @@ def test_read_only_dataset_dir_falls_back_to_temp_cache(written, monkeypatch, tm
     assert ds[4].sample_ids == ["h"] and ds[0].sample_ids == ["a", "b"]
     assert not (out / ".cache").exists()
     assert len(list((tmp_path / "tmp" / "seqpack-arrow-cache").rglob("*.arrow"))) == 2  # opened lazily: shards 2 and 0
+
+
+def test_sigkill_mid_write_never_leaves_a_complete_looking_dataset(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "ds"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_io import _rows, _meta, GROUPS
+        from seqpack.io import write_packed
+        def rows():
+            for k, r in enumerate(_rows(GROUPS)):
+                if k == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield r
+        write_packed(rows(), {str(out)!r}, _meta(), rows_per_shard=1)
+        """
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**__import__("os").environ, "PYTHONPATH": src}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert not out.exists()
+    leftovers = [p for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".ds.tmp-")
+    assert len(list((leftovers[0] / "data").iterdir())) == 3 and not (leftovers[0] / "metadata.json").exists()
+    with pytest.raises(PackedDatasetError):
+        load_packed(out)
+    # the next run cleans the dead writer's temp dir and publishes normally
+    write_packed(_rows(GROUPS[:1]), out, _meta())
+    assert [p.name for p in tmp_path.iterdir()] == ["ds"] and len(load_packed(out)) == 1

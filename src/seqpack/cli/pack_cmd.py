@@ -123,6 +123,7 @@ def inspect(
     path: Path = typer.Argument(..., help="Packed dataset directory."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the PNG (default DIR/report.png)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
+    as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
     from seqpack.io import load_packed
@@ -130,6 +131,9 @@ def inspect(
 
     try:
         ds = load_packed(path)
+        if as_json:
+            typer.echo(ds.metadata.to_json(), nl=False)
+            return
         _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
         _print_entries(ds.report(), Path(path))
         if not no_plot:

@@ -109,6 +109,27 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
     )
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_dead_temps(output: Path) -> None:
+    """Delete ``.NAME.tmp-<pid>-<id>`` directories left by writers that were killed (their pid is gone)."""
+    for p in output.parent.glob(f".{output.name}.tmp-*"):
+        try:
+            pid = int(p.name[len(f".{output.name}.tmp-") :].split("-")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _row_arrays(row: Any) -> dict[str, Any]:
     """Extract the stored columns from a :class:`~seqpack.packed.PackedSequence`."""
     ids = np.asarray(row.input_ids)
@@ -182,6 +203,7 @@ class PackedWriter:
         self.row_group_size = int(row_group_size)
         self.compression = compression
         self.output.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temps(self.output)
         self.tmp = self.output.parent / f".{self.output.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         (self.tmp / DATA_DIR).mkdir(parents=True)
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}
