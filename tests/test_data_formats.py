@@ -180,6 +180,18 @@ def test_openai_inline_image_parts(tmp_path: Path):
     assert ei.value.reason == "image_placeholder_mismatch"
 
 
+def test_arrow_none_filled_struct_fields():
+    c = norm({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": None, "value": "q"}], "tool_calls": None},
+        {"role": "assistant", "reasoning_content": None, "tool_calls": None,
+         "content": [{"type": "text", "text": "a", "value": None}]},
+    ], "tools": None, "images": None})
+    assert c.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    c = norm({"conversations": [{"from": None, "role": "user", "value": None, "content": "q"},
+                                {"from": "gpt", "value": "a"}]})
+    assert c.messages[0] == {"role": "user", "content": "q"}
+
+
 def test_none_valued_columns_are_absent():
     # Parquet / datasets give None for missing columns
     c = norm({"instruction": "a", "input": None, "output": "b", "system": None, "history": None,

@@ -185,3 +185,24 @@ def test_prepare_accepts_tokenizer_name(tmp_path):
     p.write_text(json.dumps([{"instruction": "q", "output": "a"}]))
     (s,), rep = prepare(p, "qwen3", seq_length=64)
     assert rep.records_read == 1 and s.num_trainable > 0
+
+
+@pytest.mark.parametrize(
+    "rel", ["llama-factory/reason_tool_use_demo_50.jsonl", "llama-factory/glaive_toolcall_en_demo.json"]
+)
+def test_real_hf_dataset_and_parquet_give_same_samples(shared_data, qwen3_tokenizer, tmp_path, rel):
+    """Arrow fills absent struct fields with None (typed parts get text=None, value=...); the
+    dataset / Parquet path must normalise exactly like the JSON path."""
+    import datasets
+
+    path = shared_data / rel
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.suffix == ".jsonl" else json.loads(path.read_text())
+    ds = datasets.Dataset.from_list(recs)
+    ref, _ = prepare(path, qwen3_tokenizer, seq_length=16384)
+    got, rep = prepare(ds, qwen3_tokenizer, seq_length=16384)
+    ds.to_parquet(str(tmp_path / "x.parquet"))
+    got_pq, _ = prepare(tmp_path / "x.parquet", qwen3_tokenizer, seq_length=16384)
+    assert rep.records_read == len(recs) == len(got) == len(ref) == len(got_pq)
+    for a, b, c in zip(ref, got, got_pq):
+        assert a.input_ids.tolist() == b.input_ids.tolist() == c.input_ids.tolist()
+        assert a.labels.tolist() == b.labels.tolist() == c.labels.tolist()

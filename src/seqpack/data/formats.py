@@ -308,6 +308,15 @@ def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
 # ------------------------------------------------------------------------------------------ normalising
 
 
+def _get(d: dict, *keys: str) -> Any:
+    """First non-None value among ``keys`` (Arrow/datasets rows fill absent struct fields with None)."""
+    for k in keys:
+        v = d.get(k)
+        if v is not None:
+            return v
+    return None
+
+
 def _present(rec: dict, key: str) -> bool:
     return key in rec and rec[key] is not None
 
@@ -468,7 +477,7 @@ def _tool_calls_from_json(value: Any, ctx: _Ctx, where: str) -> list[dict]:
     calls = obj if isinstance(obj, list) else [obj]
     out = []
     for c in calls:
-        if isinstance(c, dict) and "function" in c and isinstance(c["function"], dict):
+        if isinstance(c, dict) and isinstance(c.get("function"), dict):
             c = c["function"]
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             raise ctx.err(
@@ -517,7 +526,7 @@ def _from_sharegpt(rec: dict, ctx: _Ctx) -> list[dict]:
     for k, t in enumerate(turns):
         if not isinstance(t, dict):
             raise ctx.err(f"conversations[{k}] is not an object.", "bad_content_type", "each turn is {from, value}.")
-        frm = t.get("from", t.get("role"))
+        frm = _get(t, "from", "role")
         role = _SHAREGPT_ROLES.get(frm) if isinstance(frm, str) else None
         if role is None:
             raise ctx.err(
@@ -525,7 +534,7 @@ def _from_sharegpt(rec: dict, ctx: _Ctx) -> list[dict]:
                 "unknown_role",
                 f"use one of {sorted(_SHAREGPT_ROLES)}.",
             )
-        value = t.get("value", t.get("content"))
+        value = _get(t, "value", "content")
         if role == "function_call":
             _append_assistant_calls(msgs, _tool_calls_from_json(value, ctx, f"conversations[{k}] (function_call)"))
             continue
@@ -609,15 +618,15 @@ def _content_parts(content: Any, ctx: _Ctx, where: str) -> tuple[str, list[str],
             raise ctx.err(f"{where}[{j}] is not a typed part.", "bad_content_type", "each part needs a 'type'.")
         ptype = part["type"]
         if ptype == "text":
-            texts.append(_text(part.get("text", part.get("value")), ctx, f"{where}[{j}].text"))
+            texts.append(_text(_get(part, "text", "value"), ctx, f"{where}[{j}].text"))
         elif ptype in ("reasoning", "thinking"):
-            reasoning.append(_text(part.get("value", part.get("text", part.get("thinking"))), ctx, f"{where}[{j}].value"))
+            reasoning.append(_text(_get(part, "value", "text", "thinking"), ctx, f"{where}[{j}].value"))
         elif ptype == "tool_call":
             calls.extend(_tool_calls_from_json(part.get("value"), ctx, f"{where}[{j}].value"))
         elif ptype in ("image", "image_url"):
-            ref = part.get("image", part.get("image_url", part.get("url", part.get("value"))))
+            ref = _get(part, "image", "image_url", "url", "value")
             if isinstance(ref, dict):
-                ref = ref.get("url", ref.get("path", ref))
+                ref = _get(ref, "url", "path") or ref
             if ref is None:
                 raise ctx.err(
                     f"{where}[{j}] is an image part without a reference.",
@@ -653,7 +662,7 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
     for t in tools:
         if not isinstance(t, dict):
             raise ctx.err("a tool is not an object.", "bad_tools", "each tool is a JSON schema object.")
-        if "function" in t or t.get("type") not in (None, "function"):
+        if t.get("function") is not None or t.get("type") not in (None, "function"):
             out.append(t)
         else:
             out.append({"type": "function", "function": t})
