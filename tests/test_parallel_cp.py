@@ -177,7 +177,11 @@ def test_B02_boundary_blind_cp_attention_is_refused():
         validate_cp_attention("my_custom_attn", 2, num_segments=3)
     with pytest.raises(CPConfigError, match="cp_comm_type='all_gather'.*p2p"):
         validate_cp_attention("te", 2, num_segments=3, cp_comm_type="all_gather")
+    for name in ("flex", "local", "eager"):
+        with pytest.raises(CPConfigError, match=name):
+            validate_cp_attention(name, 2, num_segments=2)
     # accepted: boundary-aware paths, single-document rows, CP = 1
+    validate_cp_attention("flash", 2, num_segments=4)
     validate_cp_attention("te", 2, num_segments=8, cp_comm_type="p2p")
     validate_cp_attention("ring_flash_attn_varlen", 4, num_segments=None)
     validate_cp_attention("ring_flash_attn", 2, num_segments=1)

@@ -301,6 +301,7 @@ CP_BOUNDARY_AWARE_BACKENDS = {
     "te": "Transformer Engine DotProductAttention, qkv_format='thd', cu_seqlens_q/kv(+_padded); cp_comm_type p2p or a2a",
     "transformer_engine": "alias of 'te'",
     "megatron": "Megatron-Core with PackedSeqParams(qkv_format='thd') -> Transformer Engine",
+    "flash": "flash-attn varlen kernels with a varlen ring / all-gather CP (ring-flash-attention *_varlen_func)",
     "ring_flash_attn_varlen": "zhuzilin/ring-flash-attention *_varlen_func with cu_seqlens",
     "llama3_flash_attn_varlen": "ring-flash-attention llama3_flash_attn_varlen_func (all-gather K/V) with cu_seqlens",
     "reference": "seqpack.parallel.attention.cp_attention_reference (CPU/gloo, block-diagonal mask from seq_idx)",
@@ -314,6 +315,8 @@ CP_BOUNDARY_BLIND_BACKENDS = {
     "sdpa": "SDPA under CP: plain causal over the whole row",
     "flash_attention_2": "non-varlen flash attention under CP: plain causal over the whole row",
     "eager": "eager attention under CP: no boundary-aware CP path",
+    "flex": "FlexAttention BlockMask: no boundary-aware CP path",
+    "local": "Megatron-Core local DotProductAttention: asserts packed_seq_params is None",
 }
 _TE_THD_CP_COMM = {"p2p", "a2a"}
 
@@ -333,7 +336,8 @@ def validate_cp_attention(
 
     Args:
         attention_backend: a key of :data:`CP_BOUNDARY_AWARE_BACKENDS` or
-            :data:`CP_BOUNDARY_BLIND_BACKENDS` (case-insensitive).
+            :data:`CP_BOUNDARY_BLIND_BACKENDS` (case-insensitive; includes the names of
+            ``seqpack.config.AttentionBackend``: te, flash, sdpa, eager, flex, local).
         context_parallel_size: CP size; 1 accepts every backend.
         num_segments: the most segments a packed row may hold (``max_samples_per_bin``); ``None``
             = unknown, treated as multi-document; 1 = single-document rows (any CP backend is exact).
