@@ -206,14 +206,17 @@ class VisionTokens:
     def from_tokenizer(cls, tokenizer) -> "VisionTokens":
         """Look the three tokens up; raises ``ValueError`` naming the missing ones."""
         names = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
-        vocab = tokenizer.get_vocab()
-        missing = [n for n in names if n not in vocab]
+        ids = [tokenizer.convert_tokens_to_ids(n) for n in names]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        missing = [n for n, i in zip(names, ids) if i is None or (unk is not None and i == unk)]
+        # a token that maps back to a different string is not really in the vocabulary
+        missing += [n for n, i in zip(names, ids) if n not in missing and tokenizer.convert_ids_to_tokens(int(i)) != n]
         if missing:
             raise ValueError(
                 f"tokenizer has no {missing} token(s); image placeholders need a Qwen2-VL-style tokenizer "
                 "(e.g. load_tokenizer('qwen3'))"
             )
-        return cls(*(int(vocab[n]) for n in names))
+        return cls(*(int(i) for i in ids))
 
 
 def _bytes_to_unicode() -> dict[int, str]:
