@@ -9,8 +9,10 @@ Method (:func:`balance_packs`), numpy only:
 
 1. **Step formation by sorted bands.** Packs are sorted by attention cost (ties by tokens) and cut
    into consecutive groups of ``dp_size * micro_batches`` packs; each group is one optimizer step.
-   Packs of similar cost (and, from a near-perfect packer, near-equal token counts) share a step.
-   This is the "sortish"/``group_by_length`` idea (HF ``LengthGroupedSampler``) applied to packs.
+   Packs of similar cost share a step. This is the "sortish"/``group_by_length`` idea (HF
+   ``LengthGroupedSampler``) applied to packs. A second formation first groups packs by token
+   deficit (capacity minus tokens, in classes of ``token_tolerance``) so that under-filled packs
+   share steps; ``formation="auto"`` builds both and keeps the one whose worst step is better.
 2. **Within a step: vector LPT with a cardinality cap.** Packs in decreasing cost order go to the
    rank (with fewer than ``micro_batches`` packs) that minimises the larger of its normalised token
    and cost loads: Graham's longest-processing-time rule (1969) in its multi-dimensional
@@ -197,6 +199,7 @@ def balance_packs(
     max_repairs: int = 200,
     token_tolerance: float = 1e-3,
     cost_tolerance: float = 0.05,
+    formation: str = "auto",
 ) -> BalancePlan:
     """Assign packs to steps, DP ranks and micro-batches with even tokens and attention cost.
 
@@ -217,6 +220,9 @@ def balance_packs(
             as the worst score drops; 0 disables.
         token_tolerance, cost_tolerance: the scales of that score (targets: 0.1% token spread,
             attention-cost max/mean 1.05).
+        formation: ``"cost"`` (sort by cost), ``"deficit"`` (group packs by token deficit in classes
+            of ``token_tolerance * mean tokens``, then by cost: keeps under-filled packs together) or
+            ``"auto"`` (build both, keep the plan whose worst step scores lower; twice the work).
 
     Returns:
         :class:`BalancePlan`; every pack appears exactly once; at most one filler per rank.
@@ -225,39 +231,32 @@ def balance_packs(
         ValueError: bad sizes, negative values, or a pack over ``token_cap`` (names the pack).
     """
     tokens, cost = _check_inputs(tokens, cost, dp_size, micro_batches, token_cap)
+    if formation not in ("auto", "cost", "deficit"):
+        raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
     p = tokens.shape[0]
     dp, mb = int(dp_size), int(micro_batches)
-    order = np.lexsort((-tokens, -cost))  # cost desc, then tokens desc
-    steps: list[np.ndarray] = []
-    pos = 0
-    fillers = 0
-    for m in _step_shape(p, dp, mb):
-        take = min(dp * m, p - pos)
-        members = order[pos:pos + take]
-        pos += take
-        grid = np.full((dp, m), FILLER, dtype=np.int64)
-        counts = np.zeros(dp, dtype=np.int64)
-        t_load = np.zeros(dp)
-        c_load = np.zeros(dp)
-        t_ref = max(float(tokens[members].sum()) / dp, 1.0)
-        c_ref = max(float(cost[members].sum()) / dp, 1e-12)
-        for i in members:  # already in descending cost order
-            score = np.maximum((t_load + tokens[i]) / t_ref, (c_load + cost[i]) / c_ref)
-            score[counts >= m] = np.inf
-            r = int(np.argmin(score))
-            grid[r, counts[r]] = i
-            counts[r] += 1
-            t_load[r] += tokens[i]
-            c_load[r] += cost[i]
-        fillers += int(np.sum(grid == FILLER))
-        steps.append(grid)
-    if refine_passes > 0:
-        _refine(steps, tokens, cost, mb, refine_passes, token_tolerance, cost_tolerance)
-    if max_repairs > 0:
-        # lexicographic phases: cost alone, tokens alone, then both (each Pareto-monotone)
-        for wt, wc in ((0.0, 1.0), (1.0, 0.0), (1.0, 1.0)):
-            _repair_worst(steps, tokens, cost, mb, max_repairs, token_tolerance, cost_tolerance, seed=seed,
-                          wt=wt, wc=wc)
+    kw = dict(refine_passes=refine_passes, max_repairs=max_repairs, tt=token_tolerance, ct=cost_tolerance,
+              seed=seed)
+    candidates = []
+    if formation in ("auto", "cost"):
+        candidates.append(("cost", _form_steps(np.lexsort((-tokens, -cost)), tokens, cost, dp, mb, **kw)))
+    if formation in ("auto", "deficit") and p:
+        width = max(1, int(token_tolerance * max(float(tokens.mean()), 1.0)))
+        deficit_class = (int(tokens.max()) - tokens) // width
+        candidates.append(("deficit", _form_steps(np.lexsort((-tokens, -cost, deficit_class)), tokens, cost, dp, mb,
+                                                  **kw)))
+    if not candidates:  # no packs
+        candidates.append(("cost", _form_steps(np.zeros(0, np.int64), tokens, cost, dp, mb, **kw)))
+
+    def worst(steps):
+        full = [s for s in steps if s.shape[1] == mb and not np.any(s == FILLER)] or steps
+        tl = np.stack([tokens[s].sum(1) for s in full]).astype(np.float64)
+        cl = np.stack([cost[s].sum(1) for s in full])
+        tp, cp = _parts(tl, cl, token_tolerance, cost_tolerance)
+        return max(float(tp.max()), float(cp.max()))
+
+    name, steps = min(candidates, key=lambda c: worst(c[1])) if p else candidates[0]
+    fillers = int(sum(int(np.sum(s == FILLER)) for s in steps))
     for grid in steps:  # inside a rank: micro-batches in descending cost, fillers last
         key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)])
         grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
@@ -269,7 +268,41 @@ def balance_packs(
         perm = rng.permutation(len(body))
         steps = [body[k] for k in perm] + ([steps[-1]] if last_partial else [])
     return BalancePlan(steps=steps, dp_size=dp, micro_batches=mb, num_fillers=fillers,
-                       method="cost-sorted steps + vector LPT with cardinality cap (Graham 1969)")
+                       method=f"{name}-sorted steps + vector LPT with cardinality cap (Graham 1969) + min-max repair")
+
+
+def _form_steps(order, tokens, cost, dp, mb, *, refine_passes, max_repairs, tt, ct, seed) -> list[np.ndarray]:
+    """Cut ``order`` into steps, assign each step's packs to ranks (vector LPT), then refine/repair."""
+    p = tokens.shape[0]
+    steps: list[np.ndarray] = []
+    pos = 0
+    for m in _step_shape(p, dp, mb):
+        take = min(dp * m, p - pos)
+        members = order[pos:pos + take]
+        members = members[np.argsort(-cost[members], kind="stable")]  # LPT: decreasing cost
+        pos += take
+        grid = np.full((dp, m), FILLER, dtype=np.int64)
+        counts = np.zeros(dp, dtype=np.int64)
+        t_load = np.zeros(dp)
+        c_load = np.zeros(dp)
+        t_ref = max(float(tokens[members].sum()) / dp, 1.0)
+        c_ref = max(float(cost[members].sum()) / dp, 1e-12)
+        for i in members:
+            score = np.maximum((t_load + tokens[i]) / t_ref, (c_load + cost[i]) / c_ref)
+            score[counts >= m] = np.inf
+            r = int(np.argmin(score))
+            grid[r, counts[r]] = i
+            counts[r] += 1
+            t_load[r] += tokens[i]
+            c_load[r] += cost[i]
+        steps.append(grid)
+    if refine_passes > 0:
+        _refine(steps, tokens, cost, mb, refine_passes, tt, ct)
+    if max_repairs > 0:
+        # lexicographic phases: cost alone, tokens alone, then both (each Pareto-monotone)
+        for wt, wc in ((0.0, 1.0), (1.0, 0.0), (1.0, 1.0)):
+            _repair_worst(steps, tokens, cost, mb, max_repairs, tt, ct, seed=seed, wt=wt, wc=wc)
+    return steps
 
 
 def _parts(tl: np.ndarray, cl: np.ndarray, tt: float, ct: float) -> tuple[np.ndarray, np.ndarray]:
