@@ -196,6 +196,8 @@ def expand_inputs(inputs: Any) -> list[Any]:
 
 
 def _is_dataset(obj: Any) -> bool:
+    if not type(obj).__module__.startswith("datasets"):  # avoid importing datasets (~0.5 s) for files
+        return False
     try:
         import datasets
     except ImportError:  # pragma: no cover
@@ -204,6 +206,8 @@ def _is_dataset(obj: Any) -> bool:
 
 
 def _is_dataset_dict(obj: Any) -> bool:
+    if not type(obj).__module__.startswith("datasets"):
+        return False
     try:
         import datasets
     except ImportError:  # pragma: no cover
