@@ -92,7 +92,8 @@ def run(name: str, lengths: np.ndarray, capacity: int, dp: int, mbs: list[int], 
         rr = round_robin_plan(len(tokens), dp, mb)
         for label, p, ms in (("round-robin", rr, float("nan")), ("balanced", bal, 1000 * float(np.median(times)))):
             s = p.stats(tokens, cost, token_cap=capacity)
-            print(f"{mb:>3} {label:<12} {int(s['steps']):>6} {int(s['fillers']):>4} {100 * s['token_spread_max']:>16.4f}% "
+            print(f"{mb:>3} {label:<12} {int(s['steps']):>6} {int(s['fillers']):>4} "
+                  f"{100 * s['token_spread_max']:>16.4f}% "
                   f"{100 * s['token_spread_mean']:>15.4f}% {s['cost_max_over_mean_worst']:>20.4f} "
                   f"{s['cost_max_over_mean_mean']:>19.4f} {s['cost_time_efficiency']:>9.4f} {int(s['over_cap']):>8} "
                   f"{ms:>8.1f}")

@@ -169,7 +169,8 @@ def test_property_partition_and_roundtrip(cp, lens, data):
 
 
 def test_B02_boundary_blind_cp_attention_is_refused():
-    with pytest.raises(CPConfigError, match=r"attention_backend='ring_flash_attn'.*context_parallel_size=2.*5 segments"):
+    with pytest.raises(CPConfigError,
+                       match=r"attention_backend='ring_flash_attn'.*context_parallel_size=2.*5 segments"):
         validate_cp_attention("ring_flash_attn", 2, num_segments=5)
     with pytest.raises(CPConfigError, match="unknown number of segments"):
         validate_cp_attention("sdpa", 4)

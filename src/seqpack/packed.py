@@ -415,7 +415,8 @@ class PackedSequence:
                      f"{'padding' if exp_pad[s] else 'real'} (segment {int(exp_seq[s])})")
         if np.any(self.seq_idx != exp_seq):
             s = int(np.flatnonzero(self.seq_idx != exp_seq)[0])
-            _fail(4, f"seq_idx[{s}]={int(self.seq_idx[s])} but the boundaries put slot {s} in segment {int(exp_seq[s])}")
+            _fail(4, f"seq_idx[{s}]={int(self.seq_idx[s])} but the boundaries put slot {s} "
+                     f"in segment {int(exp_seq[s])}")
 
         # ---- 5: position_ids
         if np.any(self.position_ids != exp_pos):
@@ -546,7 +547,8 @@ def build_packed_sequence(
     if seq_length is not None and seq_length % m:
         raise ValueError(
             f"seq_length={seq_length} is not divisible by pad_to_multiple_of={m}; choose seq_length as a "
-            f"multiple of {m} (e.g. {round_up(seq_length, m) - m if seq_length >= m else m} or {round_up(seq_length, m)})"
+            f"multiple of {m} (e.g. {round_up(seq_length, m) - m if seq_length >= m else m} "
+            f"or {round_up(seq_length, m)})"
         )
     if pad_to_max_length and seq_length is None:
         raise ValueError("pad_to_max_length=True needs seq_length")
@@ -554,7 +556,8 @@ def build_packed_sequence(
     empty = np.flatnonzero(lens == 0)
     if empty.size:
         s = samples[int(empty[0])]
-        raise ValueError(f"sample {s.sample_id!r} (position {int(empty[0])} in the pack) is empty; empty segments never reach a kernel")
+        raise ValueError(f"sample {s.sample_id!r} (position {int(empty[0])} in the pack) is empty; "
+                         f"empty segments never reach a kernel")
     padded = round_up(lens, m)
     total = int(padded.sum())
     if seq_length is not None and total > seq_length:
@@ -639,7 +642,8 @@ def pad_cu_seqlens(
         )
     n = int(packed.num_segments)
     if max_samples_per_bin < n:
-        raise ValueError(f"max_samples_per_bin={max_samples_per_bin} < this row's {n} segments ({packed.sample_ids[:4]}...)")
+        raise ValueError(f"max_samples_per_bin={max_samples_per_bin} < this row's {n} segments "
+                         f"({packed.sample_ids[:4]}...)")
     seq_length = packed.extra.get("seq_length")
     if seq_length is None or packed.length != seq_length:
         raise ValueError(

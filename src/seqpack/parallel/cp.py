@@ -112,7 +112,8 @@ def cp_partition_indices(cu_seqlens_padded, cp_size: int, cp_rank: int) -> np.nd
     Returns:
         ``np.ndarray[int64]`` of length ``T / cp_size``: for every segment ``i`` with chunk size
         ``c_i = padded_len_i / (2*cp_size)``, the slots of chunk ``cp_rank`` then of chunk
-        ``2*cp_size-1-cp_rank``, segments in order (``arange(T)`` when ``cp_size == 1``). Example (case B21): two segments of 8, CP=2 ->
+        ``2*cp_size-1-cp_rank``, segments in order (``arange(T)`` when ``cp_size == 1``).
+        Example (case B21): two segments of 8, CP=2 ->
         rank 0 ``[0,1,6,7,8,9,14,15]``, rank 1 ``[2,3,4,5,10,11,12,13]``.
 
     Raises:
@@ -298,7 +299,8 @@ def gather_from_cp(slices: Sequence[Any], cu_seqlens_padded=None, *, axis: int =
 # --------------------------------------------------------------------------- attention path check (B02)
 #: Attention paths that take segment boundaries under CP (name -> how they get them).
 CP_BOUNDARY_AWARE_BACKENDS = {
-    "te": "Transformer Engine DotProductAttention, qkv_format='thd', cu_seqlens_q/kv(+_padded); cp_comm_type p2p or a2a",
+    "te": "Transformer Engine DotProductAttention, qkv_format='thd', cu_seqlens_q/kv(+_padded); "
+          "cp_comm_type p2p or a2a",
     "transformer_engine": "alias of 'te'",
     "megatron": "Megatron-Core with PackedSeqParams(qkv_format='thd') -> Transformer Engine",
     "flash": "flash-attn varlen kernels with a varlen ring / all-gather CP (ring-flash-attention *_varlen_func)",
@@ -311,7 +313,8 @@ CP_BOUNDARY_BLIND_BACKENDS = {
     "ring_flash_attn": "batch ring attention: no cu_seqlens input, position_ids/cu_seqlens discarded (axolotl #3608)",
     "zigzag_ring_flash_attn": "batch zigzag ring attention: no cu_seqlens input",
     "stripe_flash_attn": "batch stripe ring attention: no cu_seqlens input",
-    "torch_context_parallel": "torch.distributed.tensor.experimental.context_parallel with SDPA: causal only, no document mask",
+    "torch_context_parallel": "torch.distributed.tensor.experimental.context_parallel with SDPA: causal only, "
+                              "no document mask",
     "sdpa": "SDPA under CP: plain causal over the whole row",
     "flash_attention_2": "non-varlen flash attention under CP: plain causal over the whole row",
     "eager": "eager attention under CP: no boundary-aware CP path",
