@@ -169,3 +169,31 @@ def test_flash_attention_kwargs_code_path():
         ref = torch.cat([fmodel(torch.as_tensor(s.input_ids[None]).long().cuda()).logits[0].float().cpu()
                          for s in samples])
     assert (got - ref).abs().max() <= 5e-2
+
+
+def test_trainer_packed_equals_padded_training(tmp_path):
+    """HF Trainer with gradient accumulation: packed (format='hf') and right-padded batches of the
+    same samples give the same parameters after two optimizer steps (global token normalisation via
+    num_items_in_batch, B28 inside Trainer)."""
+    from transformers import Trainer, TrainingArguments
+
+    from seqpack.collate import PaddedCollator
+
+    samples = _samples((9, 4, 6, 12, 3, 7, 5, 8), seed=3)
+    finals = {}
+    for name, coll in {
+        "packed": InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf",
+                                         attn_implementation="sdpa"),
+        "padded": PaddedCollator(pad_token_id=0),
+    }.items():
+        model = _model("sdpa")
+        args = TrainingArguments(str(tmp_path / name), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                 max_steps=2, optim="sgd", learning_rate=0.5, report_to=[], seed=0,
+                                 lr_scheduler_type="constant", save_strategy="no")
+        Trainer(model=model, args=args, train_dataset=samples, data_collator=coll).train()
+        finals[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    start = dict(_model("sdpa").named_parameters())
+    moved = max((finals["packed"][n] - start[n]).abs().max().item() for n in start)
+    assert moved > 1e-3
+    worst = max((finals["packed"][n] - finals["padded"][n]).abs().max().item() for n in start)
+    assert worst <= 1e-5, worst

@@ -227,17 +227,6 @@ def _finish(input_ids, labels, cu, cup, seg_len, real_len, sample_ids) -> dict[s
     }
 
 
-class _SegmentCausalMaskMod:
-    """Picklable FlexAttention ``mask_mod``: same segment, causal, padding keys excluded (q sees itself)."""
-
-    def __init__(self, seq_idx, padding_mask):
-        self.seq_idx = seq_idx
-        self.padding_mask = padding_mask
-
-    def __call__(self, b, h, q, kv):
-        return (self.seq_idx[q] == self.seq_idx[kv]) & (q >= kv) & ((~self.padding_mask[kv]) | (q == kv))
-
-
 def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dtype=None,
                  device=None) -> dict[str, Any]:
     """Turn a canonical THD batch into the exact keyword arguments of an HF causal LM's ``forward``.
@@ -283,11 +272,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
         out["attention_mask"] = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
             ~allowed, torch.finfo(dtype).min)
     elif attn_implementation == "flex_attention":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        T = b["input_ids"].shape[1]
-        mod = _SegmentCausalMaskMod(b["seq_idx"][0].to(dev), b["padding_mask"][0].to(dev))
-        out["attention_mask"] = create_block_mask(mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=str(dev))
+        out["attention_mask"] = attention.flex_block_mask(b, device=dev)
     else:  # flash_attention_2 / flash_attention_3: varlen kwargs, no mask
         fk = attention.flash_attn_kwargs(b)
         out.update({k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in fk.items()})

@@ -19,6 +19,7 @@ __all__ = [
     "sdpa_mask",
     "additive_mask",
     "flex_block_mask",
+    "SegmentCausalMaskMod",
 ]
 
 
@@ -137,9 +138,23 @@ def flex_block_mask(batch: Any, device=None, block_size: int = 128):
     if device is not None:
         seq, pad = seq.to(device), pad.to(device)
     T = seq.shape[0]
+    return create_block_mask(SegmentCausalMaskMod(seq, pad), B=None, H=None, Q_LEN=T, KV_LEN=T,
+                             device=str(seq.device), BLOCK_SIZE=block_size)
 
-    def mask_mod(bi, hi, q, kv):
-        return (seq[q] == seq[kv]) & (q >= kv) & ((~pad[kv]) | (q == kv))
 
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=str(seq.device),
-                             BLOCK_SIZE=block_size)
+class SegmentCausalMaskMod:
+    """Picklable FlexAttention ``mask_mod`` (a top-level class, so a ``BlockMask`` built in a
+    ``DataLoader`` worker crosses the process boundary): same segment, causal, padding keys
+    excluded, a query always sees itself.
+
+    Args:
+        seq_idx: int ``[T]`` segment index per slot.
+        padding_mask: bool ``[T]``, True = padding.
+    """
+
+    def __init__(self, seq_idx, padding_mask):
+        self.seq_idx = seq_idx
+        self.padding_mask = padding_mask
+
+    def __call__(self, b, h, q, kv):
+        return (self.seq_idx[q] == self.seq_idx[kv]) & (q >= kv) & ((~self.padding_mask[kv]) | (q == kv))
