@@ -143,6 +143,19 @@ def test_B19_static_cu_seqlens_repeat_last_and_roundtrip():
         bad.validate()
 
 
+def test_pad_cu_seqlens_on_a_row_read_back_from_storage():
+    p = build_packed_sequence([mk([1, 2, 3], "a"), mk([4, 5], "b")], pad_token_id=PAD, seq_length=8,
+                              pad_to_max_length=True)
+    r = PackedSequence.from_boundaries(p.input_ids, p.labels, p.cu_seqlens, p.cu_seqlens_padded, p.sample_ids,
+                                       extra={"seq_length": 8})
+    q = pad_cu_seqlens(r, 3)
+    assert q.cu_seqlens_padded.tolist() == [0, 3, 8, 8, 8] and q.num_segments == 2
+    q.validate(capacity=8)
+    r2 = PackedSequence.from_boundaries(p.input_ids, p.labels, p.cu_seqlens, p.cu_seqlens_padded)
+    with pytest.raises(ValueError, match="seq_length=None"):
+        pad_cu_seqlens(r2, 3)
+
+
 def test_pad_cu_seqlens_errors():
     p = build_packed_sequence([mk([1, 2, 3], "a")], pad_token_id=PAD, seq_length=8)
     with pytest.raises(ValueError, match="missing from the packed dataset's metadata"):
