@@ -104,6 +104,7 @@ class BalancePlan:
 
     @property
     def num_steps(self) -> int:
+        """Number of optimizer steps in the schedule."""
         return len(self.steps)
 
     def rank_schedule(self, rank: int) -> list[list[int]]:
