@@ -228,3 +228,51 @@ def test_all_lmms_finetune_files_default_processor(qwen3_tokenizer, vt, shared_d
     s = samples[0]
     assert s.media["image_grid_thw"].shape == (2, 3)
     assert [r[1] for r in image_runs(s.input_ids, vt)] == s.meta["image_tokens"]
+
+
+def _hf_rope_index(ids, grid, merge):
+    """transformers' Qwen2VLModel.get_rope_index on one sequence (no model weights needed)."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as m
+
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=merge)),
+        get_vision_position_ids=lambda *a, **k: m.Qwen2VLModel.get_vision_position_ids(None, *a, **k),
+    )
+    t_ids = torch.as_tensor(np.asarray(ids, np.int64))[None]
+    pos, _ = m.Qwen2VLModel.get_rope_index(
+        fake, t_ids, (t_ids == 151655).int(), image_grid_thw=torch.as_tensor(np.asarray(grid, np.int64))
+    )
+    return pos[:, 0].numpy()
+
+
+def test_mrope_positions_match_transformers_and_restart_per_segment(qwen3_tokenizer, vt, proc, shared_data):
+    from seqpack.data.media import mrope_position_ids
+    from seqpack.stream import pack_selected_samples
+
+    tok = qwen3_tokenizer
+    imgs = [shared_data / "lmms-finetune" / "images" / n for n in ("soccer1.jpg", "curry.jpg")]
+    a, _ = expand_image_placeholders(text_sample(tok, "<image> vs <image>?", "The first.", imgs, "a"), tok, proc)
+    b = text_sample(tok, "plain text", "answer", [], "b")
+    c, _ = expand_image_placeholders(
+        text_sample(tok, "see<image>", "ok", imgs[1:], "c"), tok, proc
+    )
+    for s in (a, c):
+        ref = _hf_rope_index(s.input_ids, s.media["image_grid_thw"], proc.merge_size)
+        assert np.array_equal(s.media["mrope_position_ids"], ref)
+        assert np.array_equal(
+            mrope_position_ids(s.input_ids, s.media["image_grid_thw"], proc.merge_size, vt.image_pad_id), ref
+        )
+    row = pack_selected_samples([a, b, c], pad_token_id=tok.pad_token_id, pad_to_multiple_of=16)
+    row.validate()
+    pos = row.extra["mrope_position_ids"]
+    assert pos.shape == (3, len(row.input_ids))
+    for j, s in enumerate((a, b, c)):
+        lo, hi = int(row.cu_seqlens_padded[j]), int(row.cu_seqlens_padded[j + 1])
+        real = s.length
+        expect = s.media["mrope_position_ids"] if j != 1 else np.broadcast_to(np.arange(real), (3, real))
+        assert np.array_equal(pos[:, lo : lo + real], expect)  # restarts at every segment
+        if hi > lo + real:  # padding keeps counting
+            assert np.array_equal(pos[:, lo + real], np.full(3, expect.max() + 1))

@@ -248,7 +248,8 @@ def pack_selected_samples(
 
     Thin wrapper over :func:`seqpack.packed.build_packed_sequence` that also fills
     ``PackedSequence.media`` with each segment's ``Sample.media`` (pixel tensors in segment order)
-    when the builder did not.
+    when the builder did not, and, for image-text segments from :mod:`seqpack.data.media`, adds
+    ``extra["mrope_position_ids"]`` (int64 ``[3, T]``, M-RoPE positions restarting per segment).
 
     Args:
         samples: :class:`~seqpack.data.sample.Sample` objects, in pack order.
@@ -271,6 +272,12 @@ def pack_selected_samples(
     )
     if getattr(packed, "media", None) is None and any(getattr(s, "media", None) for s in samples):
         packed.media = [getattr(s, "media", None) for s in samples]
+    if packed.media is not None:
+        from seqpack.data.media import packed_mrope_position_ids
+
+        mrope = packed_mrope_position_ids(packed.media, packed.cu_seqlens, packed.cu_seqlens_padded)
+        if mrope is not None:
+            packed.extra["mrope_position_ids"] = mrope
     return packed
 
 
