@@ -1,0 +1,176 @@
+"""``seqpack bench algorithms``: seqpack's packing algorithms against existing packers.
+
+Compared on the same lengths (lognormal SFT mix: median 250 tokens, sigma 1, clipped to
+[1, capacity]; capacity 4096), in one process:
+
+- seqpack ``balanced_best_fit`` (the default), ``best_fit_decreasing`` and ``greedy_knapsack``
+  (``seqpack.algorithms.pack_lengths``, numba kernels, bin index lists included);
+- TRL ``pack_dataset`` with ``strategy="bfd"`` and ``"wrapped"`` (see :mod:`seqpack.bench.references`);
+- LLaMA-Factory's greedy knapsack (reference re-implementation, pure Python; skipped above
+  ``max_reference_n`` items because ``list.pop`` makes it O(n^2), the skip is recorded).
+
+Reported per program and size: packs (bins), the L1 bound ``ceil(sum/C)`` and the Martello-Toth L2
+bound, excess over L2 in %, utilization (tokens / (bins * C)), load spread (max - min pack load,
+tokens), median wall and CPU seconds of ``repeats`` runs, and the time ratio to seqpack's default.
+TRL ``wrapped`` cuts samples in the middle, so its bin count equals L1 by construction and is not a
+packing result (flagged ``breaks_samples``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from seqpack.bench import references as ref
+from seqpack.bench.timing import bar_chart, print_table, timed, verdict, write_json
+
+__all__ = ["lognormal_lengths", "run_algorithms", "DEFAULT_SIZES", "CAPACITY"]
+
+CAPACITY = 4096
+DEFAULT_SIZES = (100_000, 1_000_000)
+QUICK_SIZES = (20_000,)
+
+
+def lognormal_lengths(n: int, *, seed: int = 0, median: float = 250.0, sigma: float = 1.0,
+                      capacity: int = CAPACITY) -> np.ndarray:
+    """SFT-like lengths: int64 ``[n]`` lognormal (median ``median`` tokens), rounded, clipped to [1, capacity]."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 1, capacity).astype(np.int64)
+
+
+def _row(program: str, n: int, loads: np.ndarray, timing: Any, l1: int, l2: int, capacity: int,
+         *, breaks_samples: bool = False, note: str = "") -> dict[str, Any]:
+    bins = int(loads.shape[0])
+    return {
+        "program": program,
+        "n": n,
+        "bins": bins,
+        "lower_bound_l1": l1,
+        "lower_bound_l2": l2,
+        "excess_vs_l2_pct": round(100.0 * (bins - l2) / l2, 4) if l2 else None,
+        "utilization": round(float(loads.sum()) / (bins * capacity), 6) if bins else None,
+        "load_spread": int(loads.max() - loads.min()) if bins else None,
+        "wall_s": timing.wall_s if timing else None,
+        "cpu_s": timing.cpu_s if timing else None,
+        "repeats": timing.repeats if timing else 0,
+        "breaks_samples": breaks_samples,
+        "note": note,
+    }
+
+
+def run_algorithms(
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    *,
+    capacity: int = CAPACITY,
+    repeats: int = 3,
+    out_dir: str | os.PathLike = "bench_results",
+    max_reference_n: int = 200_000,
+    trl: bool = True,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the comparison and write ``algorithms.json`` + ``algorithms_time.png`` + ``algorithms_bins.png``.
+
+    Args:
+        sizes: numbers of lengths (one instance each, same generator seed).
+        capacity: tokens per pack.
+        repeats: timed runs per program (median reported); TRL at n >= 1,000,000 runs once
+            (memory: ~3 GB per run) and says so in ``note``.
+        out_dir: folder for the JSON and PNG files (created).
+        max_reference_n: largest n for the pure-Python LLaMA-Factory reference (O(n^2)).
+        trl: include TRL when importable (skips are recorded in ``skipped``).
+        seed: seed of the length generator.
+        log: one-line progress messages.
+
+    Returns:
+        the JSON payload: ``benchmark``, ``capacity``, ``sizes``, ``repeats``, ``results`` (one row per
+        program and size, keys of :func:`_row`), ``skipped`` (program, n, reason), ``goals``.
+
+    Raises:
+        ValueError: empty ``sizes`` or a size < 1.
+    """
+    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
+
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"sizes must be a non-empty list of integers >= 1, got {list(sizes)!r}")
+    out_dir = Path(out_dir)
+    ours = [PackingAlgorithm(DEFAULT_ALGORITHM), PackingAlgorithm.best_fit_decreasing, PackingAlgorithm.greedy_knapsack]
+    for a in ours:  # JIT warm-up (numba kernels, cached on disk)
+        pack_lengths(np.array([5, 4, 3, 2, 1]), 8, a)
+    has_trl = trl and ref.trl_available()
+    results: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    if trl and not has_trl:
+        skipped.append({"program": "trl", "n": None, "reason": "trl/datasets not importable"})
+    goals: list[dict[str, Any]] = []
+    for n in sizes:
+        x = lognormal_lengths(n, seed=seed, capacity=capacity)
+        l1, l2 = lower_bound_l1(x, capacity), lower_bound_l2(x, capacity)
+        log(f"n={n:,}: sum={int(x.sum()):,} tokens, L1={l1}, L2={l2}")
+        by_prog: dict[str, dict[str, Any]] = {}
+        for a in ours:
+            plan, t = timed(lambda a=a: pack_lengths(x, capacity, a, seed=seed), repeats)
+            name = f"seqpack {a.value}" + (" (default)" if a == DEFAULT_ALGORITHM else "")
+            by_prog[name] = _row(name, n, np.asarray(plan.bin_loads, np.int64), t, l1, l2, capacity)
+        if has_trl:
+            ds = ref.trl_lengths_dataset(x)
+            reps = 1 if n >= 1_000_000 else repeats
+            note = "1 run (memory)" if reps < repeats else ""
+            for strategy in ("bfd", "wrapped"):
+                log(f"  trl pack_dataset(strategy={strategy!r}) x{reps}")
+                packed, t = timed(lambda s=strategy: ref.trl_pack(ds, capacity, s), reps)
+                loads = ref.loads_from_trl(packed)
+                name = f"trl pack_dataset {strategy}"
+                by_prog[name] = _row(name, n, loads, t, l1, l2, capacity, breaks_samples=strategy == "wrapped",
+                                     note=note + ("; cuts samples, bins = L1 by construction" if strategy == "wrapped" else ""))
+                del packed
+            del ds
+        if n <= max_reference_n:
+            reps = max(1, min(repeats, 2 if n > 50_000 else repeats))
+            log(f"  {ref.LLAMAFACTORY_NAME} x{reps}")
+            packs, t = timed(lambda: ref.llamafactory_greedy_knapsack(x, capacity), reps)
+            loads = np.array([int(x[p].sum()) for p in packs], np.int64)
+            by_prog[ref.LLAMAFACTORY_NAME] = _row(ref.LLAMAFACTORY_NAME, n, loads, t, l1, l2, capacity,
+                                                  note="pure-Python reference re-implementation")
+        else:
+            skipped.append({"program": ref.LLAMAFACTORY_NAME, "n": n,
+                            "reason": f"n > max_reference_n={max_reference_n} (O(n^2) list.pop)"})
+        base_name = f"seqpack {PackingAlgorithm(DEFAULT_ALGORITHM).value} (default)"
+        base = by_prog[base_name]
+        for r in by_prog.values():
+            r["time_ratio_vs_seqpack_default"] = round(r["cpu_s"] / base["cpu_s"], 2) if base["cpu_s"] else None
+            results.append(r)
+        print_table(
+            f"algorithms, n={n:,}, capacity={capacity}, L1={l1}, L2={l2} (median of repeats)",
+            ["program", "bins", "excess % L2", "util", "spread", "wall s", "cpu s", "x seqpack time"],
+            [[r["program"], r["bins"], r["excess_vs_l2_pct"], r["utilization"], r["load_spread"], r["wall_s"],
+              r["cpu_s"], r["time_ratio_vs_seqpack_default"]] for r in by_prog.values()],
+        )
+        trl_bfd = by_prog.get("trl pack_dataset bfd")
+        if trl_bfd:
+            goals.append(verdict(
+                f"n={n:,}: seqpack default packs <= TRL bfd packs", base["bins"] <= trl_bfd["bins"],
+                f"{base['bins']} vs {trl_bfd['bins']}"))
+            goals.append(verdict(
+                f"n={n:,}: seqpack default faster than TRL bfd (CPU)", base["cpu_s"] < trl_bfd["cpu_s"],
+                f"{trl_bfd['cpu_s']:.3f} s vs {base['cpu_s']:.3f} s = {trl_bfd['cpu_s'] / max(base['cpu_s'], 1e-9):.1f}x"))
+        lf = by_prog.get(ref.LLAMAFACTORY_NAME)
+        if lf:
+            goals.append(verdict(
+                f"n={n:,}: seqpack default packs <= LLaMA-Factory greedy knapsack packs", base["bins"] <= lf["bins"],
+                f"{base['bins']} vs {lf['bins']}"))
+    payload = {"benchmark": "algorithms", "capacity": capacity, "sizes": list(sizes), "repeats": repeats,
+               "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]", "results": results,
+               "skipped": skipped, "goals": goals}
+    write_json(out_dir / "algorithms.json", payload)
+    labels = [f"{r['program']}\nn={r['n']:,}" for r in results]
+    bar_chart(out_dir / "algorithms_time.png", labels, [r["cpu_s"] for r in results],
+              title="Packing time (CPU s, median; log scale)", ylabel="CPU seconds", log=True,
+              annotate=[f"{r['cpu_s']:.3g}" for r in results])
+    bar_chart(out_dir / "algorithms_bins.png", labels, [r["excess_vs_l2_pct"] for r in results],
+              title="Packs above the L2 lower bound (%)", ylabel="% over L2",
+              annotate=[str(r["bins"]) for r in results])
+    return payload

@@ -1,0 +1,312 @@
+"""``seqpack bench prepare``: tokenize + pack + write, seqpack against TRL's own preparation.
+
+Both programs start from the same files and the same tokenizer (the embedded Qwen3 tokenizer,
+``load_tokenizer("qwen3")``) and end with packed rows on disk; the whole path is timed (median wall
+and CPU seconds of ``repeats`` runs):
+
+seqpack
+    :func:`seqpack.pipeline.pack_dataset`: read + normalise + chat template + assistant-only labels
+    (``prepare``), plan (default algorithm), build and validate every THD row, write Parquet shards
+    and ``metadata.json``.
+TRL (1.16, public functions, not its Trainer)
+    what ``SFTTrainer._prepare_dataset`` does for a conversational dataset: the records are read
+    with ``json`` and turned into ChatML ``messages`` (alpaca -> user/assistant; sharegpt roles
+    renamed; tools parsed), ``datasets.Dataset.from_list``, then ``Dataset.map`` of
+    ``tokenizer.apply_chat_template(messages, tools=..., chat_template=<TRL qwen3_training.jinja>,
+    return_dict=True, return_assistant_tokens_mask=True)`` (TRL's own Qwen3 *training* template with
+    ``{% generation %}`` markers, so TRL gets assistant masks too: its ``get_training_chat_template``
+    cannot patch the embedded template), labels = ``input_ids`` with non-assistant tokens at -100,
+    ``select_columns(["input_ids", "labels"])``, ``trl.data_utils.pack_dataset(..., strategy="bfd")``
+    and ``Dataset.to_parquet``.
+
+Packing efficiency = tokens in packs / (packs * seq_length) for each side (each side counts its
+own tokens: the two templates render a few tokens differently, both totals are in the JSON).
+Goal (issue #7): seqpack >= 2x faster end to end (wall) at equal or better packing efficiency.
+
+Data sets: the text files of ``../shared/data`` that both sides can read (alpaca, sharegpt,
+sharegpt with tools), each on its own, and a synthetic OpenAI-format chat set of ``records`` records
+written by :func:`write_synthetic_chat`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from seqpack.bench.timing import bar_chart, print_table, timed, verdict, write_json
+
+__all__ = [
+    "write_synthetic_chat",
+    "real_datasets",
+    "trl_prepare_and_pack",
+    "seqpack_prepare_and_pack",
+    "run_prepare",
+    "SHARED_FILES",
+]
+
+#: Files of ../shared/data used (text-only records that both seqpack and the TRL path can read).
+SHARED_FILES = (
+    "llama-factory/alpaca_en_demo.json",
+    "llama-factory/identity.json",
+    "llama-factory/glaive_toolcall_en_demo.json",
+    "fastchat/dummy_conversation.json",
+)
+
+_WORDS = (
+    "the of and to in is that for it as with was on be by this are or from at an which have not "
+    "model data token sequence pack training batch length loss gradient attention layer memory "
+    "python function return value list dict string number error file line index record sample "
+    "please explain how why what when where could would should write short long answer question "
+    "first second third next finally example result output input system user assistant tool call "
+    "search weather city price order time date name email account update delete create report"
+).split()
+
+
+def write_synthetic_chat(path: str | os.PathLike, records: int, *, seed: int = 0) -> Path:
+    """Write ``records`` synthetic OpenAI-format chats (JSONL ``{"messages": [...]}``) to ``path``.
+
+    Mix (deterministic for ``seed``): 30 % have a system prompt; 1-3 user/assistant exchanges
+    (weights 60/25/15 %); user turns ~lognormal(median 40 words), assistant turns ~lognormal(median
+    120 words), each capped at 1,500 words; words from a fixed 120-word list plus numbers. With the
+    Qwen3 tokenizer that is a median of about 250 tokens per record with a long tail.
+
+    Raises:
+        ValueError: ``records < 1``.
+    """
+    if records < 1:
+        raise ValueError(f"records must be >= 1, got {records}")
+    rng = np.random.default_rng(seed)
+    words = np.array(_WORDS)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def text(median: float) -> str:
+        n = int(min(1500, max(1, rng.lognormal(np.log(median), 0.9))))
+        w = words[rng.integers(0, len(words), n)].tolist()
+        for j in rng.integers(0, n, max(1, n // 25)):
+            w[int(j)] = str(int(rng.integers(0, 10_000)))
+        return " ".join(w).capitalize() + "."
+
+    with open(path, "w") as f:
+        for i in range(records):
+            msgs = []
+            if rng.random() < 0.3:
+                msgs.append({"role": "system", "content": text(15)})
+            for _ in range(int(rng.choice([1, 2, 3], p=[0.6, 0.25, 0.15]))):
+                msgs.append({"role": "user", "content": text(40)})
+                msgs.append({"role": "assistant", "content": text(120)})
+            f.write(json.dumps({"id": f"synthetic-{i}", "messages": msgs}) + "\n")
+    return path
+
+
+def real_datasets(shared_data: str | os.PathLike) -> list[Path]:
+    """The files of :data:`SHARED_FILES` that exist under ``shared_data`` (``../shared/data``)."""
+    root = Path(shared_data)
+    return [root / f for f in SHARED_FILES if (root / f).is_file()]
+
+
+# ------------------------------------------------------------------------------------------ TRL path
+_SHAREGPT_ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool"}
+
+
+def _read_records(path: Path) -> list[dict]:
+    if path.suffix == ".jsonl":
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    with open(path) as f:
+        return json.load(f)
+
+
+def _to_chatml(rec: dict) -> dict:
+    """One record -> ``{"messages": [...], "tools": list | None}`` (the conversion a TRL user writes)."""
+    tools = rec.get("tools")
+    if isinstance(tools, str):
+        tools = json.loads(tools) if tools.strip() else None
+    tools = tools or None
+    if "messages" in rec:
+        return {"messages": rec["messages"], "tools": tools}
+    if "conversations" in rec:
+        msgs = []
+        sys_prompt = rec.get("system") or rec.get("system_prompt")
+        if sys_prompt:
+            msgs.append({"role": "system", "content": sys_prompt})
+        for m in rec["conversations"]:
+            msgs.append({"role": _SHAREGPT_ROLE.get(m["from"], m["from"]), "content": m["value"]})
+        return {"messages": msgs, "tools": tools}
+    user = rec["instruction"] + ("\n" + rec["input"] if rec.get("input") else "")
+    msgs = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
+    return {"messages": msgs + [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output"]}],
+            "tools": None}
+
+
+def _trl_training_template() -> str:
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja").read_text()
+
+
+def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: Path) -> dict[str, Any]:
+    """TRL's SFT preparation + ``pack_dataset(strategy="bfd")`` + ``to_parquet`` (module docstring).
+
+    Returns:
+        ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency"}``.
+    """
+    import datasets
+    from datasets import Dataset
+    from trl.data_utils import pack_dataset
+
+    datasets.disable_progress_bars()
+    template = _trl_training_template()
+    rows = [_to_chatml(r) for r in _read_records(path)]
+    # tools are stored as a JSON string column (Arrow needs one type per column), parsed back in map
+    ds = Dataset.from_list([{"messages": r["messages"], "tools": json.dumps(r["tools"]) if r["tools"] else ""}
+                            for r in rows])
+
+    def tokenize_fn(example):
+        tools = json.loads(example["tools"]) if example["tools"] else None
+        out = tokenizer.apply_chat_template(example["messages"], tools=tools, chat_template=template, tokenize=True,
+                                            return_dict=True, return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        mask = out["assistant_masks"]
+        return {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]}
+
+    ds = ds.map(tokenize_fn, remove_columns=ds.column_names)
+    ds = ds.select_columns(["input_ids", "labels"])
+    packed = pack_dataset(ds, seq_length, strategy="bfd")
+    packed.to_parquet(str(out_file))
+    import pyarrow.compute as pc
+
+    tbl = packed.data.table
+    lens = pc.list_value_length(tbl.column("input_ids")).to_numpy(zero_copy_only=False)
+    labels = pc.list_flatten(tbl.column("labels"))
+    trainable = int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0)
+    tokens = int(lens.sum())
+    return {"packs": int(len(packed)), "tokens": tokens, "trainable_tokens": trainable, "samples": len(rows),
+            "efficiency": round(tokens / (len(packed) * seq_length), 6)}
+
+
+def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_dir: Path) -> dict[str, Any]:
+    """``seqpack.pipeline.pack_dataset`` (tokenize + plan + build/validate rows + write).
+
+    Returns:
+        ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s"}``.
+    """
+    from seqpack.pipeline import pack_dataset
+
+    res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True)
+    m = res.metadata
+    return {"packs": int(m.num_packs), "tokens": int(m.counts["tokens"]),
+            "trainable_tokens": int(m.counts["trainable_tokens"]), "samples": int(m.counts["samples_packed"]),
+            "efficiency": float(m.packing_efficiency), "timings_s": res.timings_s}
+
+
+# ------------------------------------------------------------------------------------------ driver
+def run_prepare(
+    *,
+    shared_data: str | os.PathLike | None = None,
+    records: int = 100_000,
+    seq_length: int = 4096,
+    repeats: int = 3,
+    synthetic_repeats: int | None = None,
+    out_dir: str | os.PathLike = "bench_results",
+    tokenizer: Any = "qwen3",
+    trl: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the comparison and write ``prepare.json`` + ``prepare_time.png``.
+
+    Args:
+        shared_data: folder of the real data (``../shared/data``); ``None`` or missing = synthetic only.
+        records: records of the synthetic chat set (0 = none).
+        seq_length: pack capacity in tokens.
+        repeats: timed runs per program on the real files (median reported).
+        synthetic_repeats: timed runs on the synthetic set (default ``repeats``).
+        out_dir: folder for the JSON/PNG (and a scratch folder ``_prepare_work`` removed at the end).
+        tokenizer: name/path for ``load_tokenizer`` or a loaded tokenizer (used by both sides).
+        trl: include TRL (skipped with a recorded reason when not importable).
+        log: one-line progress messages.
+
+    Returns:
+        the JSON payload: ``benchmark``, ``seq_length``, ``records``, ``datasets`` (one entry per data
+        set with ``seqpack`` and ``trl`` blocks: packs, tokens, trainable_tokens, samples, efficiency,
+        wall_s, cpu_s; plus ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack), ``goals``, ``skipped``.
+
+    Raises:
+        ValueError: nothing to run (no real data and ``records == 0``) or ``repeats < 1``.
+    """
+    from seqpack.bench.references import trl_available
+    from seqpack.data.tokenizer import load_tokenizer
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    work = Path(tempfile.mkdtemp(prefix="_prepare_work", dir=out_dir))
+    skipped: list[dict[str, Any]] = []
+    try:
+        files: list[tuple[str, Path, int]] = []
+        if shared_data is not None and Path(shared_data).is_dir():
+            files += [(f"{p.parent.name}/{p.name}", p, repeats) for p in real_datasets(shared_data)]
+        else:
+            skipped.append({"dataset": "shared data", "reason": f"folder not found: {shared_data}"})
+        if records > 0:
+            syn = write_synthetic_chat(work / f"synthetic_chat_{records}.jsonl", records)
+            files.append((f"synthetic_chat ({records:,} records)", syn, synthetic_repeats or repeats))
+        if not files:
+            raise ValueError("nothing to benchmark: no shared data found and records == 0")
+        has_trl = trl and trl_available()
+        if trl and not has_trl:
+            skipped.append({"dataset": "*", "reason": "trl/datasets not importable: TRL side skipped"})
+        entries: list[dict[str, Any]] = []
+        goals: list[dict[str, Any]] = []
+        for name, path, reps in files:
+            log(f"{name}: seqpack x{reps}")
+            sp, t_sp = timed(lambda: seqpack_prepare_and_pack(path, tok, seq_length, work / "seqpack_out"), reps)
+            entry: dict[str, Any] = {"dataset": name, "path": str(path), "repeats": reps,
+                                     "seqpack": {**sp, "wall_s": t_sp.wall_s, "cpu_s": t_sp.cpu_s}}
+            if has_trl:
+                log(f"{name}: TRL x{reps}")
+                tr, t_tr = timed(lambda: trl_prepare_and_pack(path, tok, seq_length, work / "trl_out.parquet"), reps)
+                entry["trl"] = {**tr, "wall_s": t_tr.wall_s, "cpu_s": t_tr.cpu_s}
+                entry["speedup_wall"] = round(t_tr.wall_s / t_sp.wall_s, 2)
+                entry["speedup_cpu"] = round(t_tr.cpu_s / t_sp.cpu_s, 2)
+                ok = entry["speedup_wall"] >= 2.0 and sp["efficiency"] >= tr["efficiency"]
+                goals.append(verdict(
+                    f"{name}: seqpack >= 2x faster end to end at >= packing efficiency", ok,
+                    f"{entry['speedup_wall']:.2f}x wall ({entry['speedup_cpu']:.2f}x CPU); efficiency "
+                    f"{sp['efficiency']:.4f} vs TRL {tr['efficiency']:.4f}; packs {sp['packs']} vs {tr['packs']}"))
+            entries.append(entry)
+        rows = []
+        for e in entries:
+            s, t = e["seqpack"], e.get("trl") or {}
+            rows.append([e["dataset"], s["samples"], s["tokens"], t.get("tokens"), s["packs"], t.get("packs"),
+                         s["efficiency"], t.get("efficiency"), s["wall_s"], t.get("wall_s"), e.get("speedup_wall"),
+                         e.get("speedup_cpu")])
+        print_table(f"prepare: tokenize + pack + write, seq_length={seq_length} (median of repeats)",
+                    ["dataset", "samples", "tokens seqpack", "tokens TRL", "packs seqpack", "packs TRL",
+                     "eff seqpack", "eff TRL", "wall s seqpack", "wall s TRL", "speed-up wall", "speed-up CPU"],
+                    rows)
+        payload = {"benchmark": "prepare", "seq_length": seq_length, "records": records, "repeats": repeats,
+                   "tokenizer": str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
+                   getattr(tok, "name_or_path", None), "datasets": entries, "goals": goals, "skipped": skipped}
+        write_json(out_dir / "prepare.json", payload)
+        labels, vals = [], []
+        for e in entries:
+            labels.append(f"seqpack\n{e['dataset']}")
+            vals.append(e["seqpack"]["wall_s"])
+            if "trl" in e:
+                labels.append(f"TRL\n{e['dataset']}")
+                vals.append(e["trl"]["wall_s"])
+        bar_chart(out_dir / "prepare_time.png", labels, vals, title="tokenize + pack + write (wall s, median)",
+                  ylabel="seconds", log=True, annotate=[f"{v:.3g}" for v in vals])
+        return payload
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,224 @@
+"""Shared measurement helpers of the benchmarks: medians of repeats, JSON and PNG writers, tables.
+
+Every benchmark of :mod:`seqpack.bench` measures the programs it compares in the same process and
+run, reports the **median** of ``repeats`` runs (wall clock from ``time.perf_counter`` and CPU time
+of this process from ``time.process_time``; on a shared, noisy box the CPU figure is the steadier
+one), and writes one JSON file plus PNG charts (matplotlib, ``Agg`` backend, no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "Timing",
+    "timed",
+    "machine_info",
+    "write_json",
+    "bar_chart",
+    "line_chart",
+    "print_table",
+    "verdict",
+]
+
+
+@dataclass
+class Timing:
+    """Median wall and CPU seconds of ``repeats`` runs (plus every run, for the record).
+
+    Attributes:
+        wall_s: median wall-clock seconds.
+        cpu_s: median CPU seconds of this process (all threads).
+        repeats: number of runs.
+        walls_s, cpus_s: every run, in order.
+    """
+
+    wall_s: float
+    cpu_s: float
+    repeats: int
+    walls_s: list[float] = field(default_factory=list)
+    cpus_s: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def timed(fn: Callable[[], Any], repeats: int = 3, *, warmup: int = 0) -> tuple[Any, Timing]:
+    """Run ``fn()`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Returns:
+        ``(result of the last timed run, Timing)``; medians over the timed runs.
+
+    Raises:
+        ValueError: ``repeats < 1`` or ``warmup < 0``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    for _ in range(warmup):
+        fn()
+    walls, cpus, res = [], [], None
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        res = fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return res, Timing(statistics.median(walls), statistics.median(cpus), repeats, walls, cpus)
+
+
+def machine_info() -> dict[str, Any]:
+    """Where and when a figure was measured: host CPU count, platform, Python, UTC timestamp."""
+    info: dict[str, Any] = {
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        info["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not on every OS
+        pass
+    return info
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: numpy scalars/arrays to Python, NaN/inf to None, paths to str."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        np = None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Timing):
+        return obj.to_dict()
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            return _clean(obj.tolist())
+        if isinstance(obj, np.generic):
+            obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (with a ``machine`` block added if absent) as indented JSON; returns the path.
+
+    numpy values become plain numbers, non-finite floats become ``null``. Parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = dict(payload)
+    data.setdefault("machine", machine_info())
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[float], *, title: str,
+              ylabel: str, annotate: Sequence[str] | None = None, log: bool = False) -> Path:
+    """Write a PNG bar chart (one bar per label; ``annotate`` = text above each bar)."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2), 4.0))
+    vals = [float(v) if v is not None else 0.0 for v in values]
+    bars = ax.bar(range(len(vals)), vals, color=["#4c72b0" if "seqpack" in str(lb) else "#999999" for lb in labels])
+    ax.set_xticks(range(len(vals)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if log:
+        ax.set_yscale("log")
+    for b, txt in zip(bars, annotate or []):
+        ax.annotate(txt, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def line_chart(path: str | os.PathLike, series: dict[str, Sequence[float]], *, title: str, xlabel: str,
+               ylabel: str) -> Path:
+    """Write a PNG line chart with one line per ``series`` entry (x = 1, 2, ...)."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    styles = ["-", "--", ":", "-."]
+    for k, (name, ys) in enumerate(series.items()):
+        ax.plot(range(1, len(ys) + 1), list(ys), styles[k % len(styles)], label=name, linewidth=1.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Any = None) -> None:
+    """Print a rich table (numbers right-aligned; floats shown with 4 significant digits)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and CI: keep wide tables readable
+            console = Console(width=max(console.width, 180))
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(str(c), justify="left" if c == columns[0] else "right")
+    for r in rows:
+        t.add_row(*[_fmt(v) for v in r])
+    console.print(t)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def verdict(label: str, ok: bool, info: str, console: Any = None) -> dict[str, Any]:
+    """Print ``PASS``/``MISS`` for a goal and return it as a dict (``goal``, ``pass``, ``info``)."""
+    from rich.console import Console
+
+    console = console or Console()
+    console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/]  {label}: {info}")
+    return {"goal": label, "pass": bool(ok), "info": info}

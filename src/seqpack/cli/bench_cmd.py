@@ -1,0 +1,101 @@
+"""`seqpack bench algorithms | prepare | stream`: measured comparisons (OWNER: bench helper).
+
+Each command prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts into
+``--out`` (default ``bench_results/``). Bad settings exit with code 2 and one readable line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from seqpack.cli.app import app
+
+bench_app = typer.Typer(help="Measured comparisons with existing packers (JSON + PNG into --out).",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+_err = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    _err.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def _int_list(text: str, key: str) -> list[int]:
+    try:
+        vals = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{key} must be a comma list of integers, e.g. 100000,1000000; got {text!r}")
+    if not vals or min(vals) < 1:
+        _fail(f"{key} must list integers >= 1; got {text!r}")
+    return vals
+
+
+@bench_app.command("algorithms")
+def algorithms(
+    sizes: str = typer.Option("100000,1000000", help="Numbers of lengths, comma separated."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
+    capacity: int = typer.Option(4096, min=1, help="Tokens per pack."),
+    max_reference_n: int = typer.Option(200_000, "--max-reference-n",
+                                        help="Largest n for the O(n^2) LLaMA-Factory reference."),
+    no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
+    quick: bool = typer.Option(False, "--quick", help="n=20,000 and 2 repeats (seconds)."),
+    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for algorithms.json and PNGs."),
+) -> None:
+    """seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped) and LLaMA-Factory's greedy knapsack."""
+    from seqpack.bench.algorithms import QUICK_SIZES, run_algorithms
+
+    ns = list(QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out,
+                   max_reference_n=max_reference_n, trl=not no_trl)
+    print(f"wrote {out / 'algorithms.json'}")
+
+
+@bench_app.command("prepare")
+def prepare(
+    records: int = typer.Option(100_000, min=0, help="Records of the synthetic chat set (0 = none)."),
+    shared_data: Optional[Path] = typer.Option(None, "--shared-data",
+                                               help="Real data folder (default ../shared/data beside the checkout)."),
+    seq_length: int = typer.Option(4096, "--seq-length", min=1, help="Pack capacity in tokens."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per program on the real files (median)."),
+    synthetic_repeats: Optional[int] = typer.Option(None, "--synthetic-repeats", min=1,
+                                                    help="Timed runs on the synthetic set (default --repeats)."),
+    no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
+    quick: bool = typer.Option(False, "--quick", help="2,000 synthetic records, 1 repeat."),
+    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for prepare.json and PNG."),
+) -> None:
+    """Tokenize + pack + write: seqpack pack_dataset vs TRL's SFT preparation + pack_dataset(bfd)."""
+    from seqpack.bench.prepare import run_prepare
+
+    if shared_data is None:
+        shared_data = _repo_root().parent / "shared" / "data"
+    if quick:
+        records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
+    run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
+                synthetic_repeats=synthetic_repeats, out_dir=out, trl=not no_trl)
+    print(f"wrote {out / 'prepare.json'}")
+
+
+@bench_app.command("stream")
+def stream(
+    quick: bool = typer.Option(False, "--quick", help="Pass --quick to benchmarks/bench_stream.py."),
+    script: Optional[Path] = typer.Option(None, help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
+) -> None:
+    """Run the streaming-packer benchmark (benchmarks/bench_stream.py) and relay its exit code."""
+    path = script or _repo_root() / "benchmarks" / "bench_stream.py"
+    if not path.is_file():
+        _fail(f"streaming benchmark not found at {path}; pass --script PATH (it ships in the source tree, "
+              "not in the wheel)", 1)
+    cmd = [sys.executable, str(path)] + (["--quick"] if quick else [])
+    raise typer.Exit(subprocess.call(cmd))

@@ -1,0 +1,483 @@
+"""The reference training loop: the same samples trained padded, packed, in-batch packed and streamed.
+
+``seqpack train --mode all`` (or :func:`run_training`) trains one HF causal LM per mode, all from the
+same initial weights, on **the same samples in the same order**: the step plan is a packing plan
+(``seqpack.algorithms.pack_lengths`` over the sample lengths, capacity ``seq_length``, default
+``randomized_best_fit`` so that pack content is random like an ordinary shuffled batch) and step ``k``
+of every mode holds exactly the samples of pack ``k``:
+
+``padded``
+    the unpacked baseline: pack ``k``'s samples right-padded to the longest (``PaddedCollator``,
+    ``[B, S]``, 2-D attention mask);
+``packed``
+    offline packs: ``build_packed_sequence`` rows (built before training, as ``seqpack pack`` does)
+    collated by ``PackedCollator`` into one THD row and run with ``seqpack.hf.packed_forward``;
+``in_batch``
+    the same samples packed at collate time (``InBatchPackingCollator``) into one THD row;
+``streaming``
+    ``seqpack.stream.StreamingPacker`` chooses its own packs (producer-side buffer), so it is
+    compared with its own padded twin, ``padded_stream`` (the streaming packs' samples, padded),
+    trained from the same initial weights.
+
+Modes are interleaved step by step (step ``k`` of every mode, in a rotating order) so that a busy
+machine slows all of them alike. Every step's loss is the **token mean** of the cross entropy over
+that step's loss tokens (``seqpack.loss.packed_cross_entropy``: sum / count), so all modes optimise
+the same objective. Loss agreement is checked against the padded reference at each step:
+``max_k |loss_mode[k] - loss_padded[k]|`` must stay within ``loss_tolerance`` (default 1e-3 nats;
+fp32 on CPU the curves agree to ~1e-5 at step 1 and drift only through float rounding of different
+kernels, amplified by the optimiser).
+
+Throughput per mode: real tokens/s (tokens of the samples), slot tokens/s (tokens the model
+computed, padding included) and padding fraction = 1 - real / slots, from the summed step times
+after ``warmup_steps``. Speed-up over ``padded`` = padded time / mode time on the same samples;
+the ideal ratio is padded slots / real tokens (what the speed-up would be if time were proportional
+to computed tokens). Goal (issue #7): speed-up >= 90 % of the ideal ratio.
+
+Model: ``"tiny-qwen3"`` (default) or ``"tiny-llama"`` build a small random-init config in code
+(:func:`tiny_config`); any other string is a local folder for ``AutoModelForCausalLM.from_pretrained``
+(no download). With a tiny config the vocabulary is *compacted* to the token ids that occur in the
+data (``compact_vocab``), so the LM head does not dominate a CPU run; the remapping is a bijection on
+the used ids, so losses are ordinary cross entropies over that vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "MODES",
+    "TrainConfig",
+    "tiny_config",
+    "build_model",
+    "compact_vocabulary",
+    "plan_steps",
+    "synthetic_samples",
+    "default_data",
+    "run_training",
+]
+
+MODES = ("padded", "packed", "in_batch", "streaming")
+TINY_MODELS = ("tiny-qwen3", "tiny-llama")
+
+
+@dataclass
+class TrainConfig:
+    """Settings of :func:`run_training`.
+
+    Attributes:
+        modes: subset of :data:`MODES` (``padded`` is always added as the reference).
+        steps: optimizer steps per mode (``None`` = one epoch of packs); one step = one pack's samples.
+        seq_length: pack capacity in tokens (the step size in tokens for packed modes).
+        model: ``"tiny-qwen3"`` | ``"tiny-llama"`` | a local model folder.
+        hidden_size, num_layers, intermediate_size, num_heads, num_kv_heads: tiny-config sizes.
+        attn_implementation: ``"sdpa"`` (CPU default), ``"eager"``, ``"flash_attention_2"`` (GPU).
+        device, dtype: torch device string and ``"float32"`` | ``"bfloat16"``.
+        lr: AdamW learning rate (weight decay 0, no dropout, so every mode follows the same maths).
+        seed: weight init, pack order and streaming seed.
+        algorithm: packing algorithm of the step plan. Default ``randomized_best_fit``: packs of
+            random content, so the padded baseline sees ordinary random micro-batches (a
+            length-sorting planner would group similar lengths and flatter the padded baseline).
+        warmup_steps: first steps left out of the throughput figures (still in the loss curves).
+        loss_tolerance: max |loss delta| (nats, token mean) vs the padded reference.
+        compact_vocab: remap token ids to the ones present (tiny configs only).
+        packing_buffer_size: streaming packer buffer.
+        out_dir: where ``train.json``, ``train_loss.png`` and ``train_throughput.png`` go (None = nowhere).
+        progress: show a rich progress bar.
+    """
+
+    modes: Sequence[str] = MODES
+    steps: int | None = 40
+    seq_length: int = 512
+    model: str = "tiny-qwen3"
+    hidden_size: int = 256
+    num_layers: int = 2
+    intermediate_size: int = 1024
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    attn_implementation: str = "sdpa"
+    device: str = "cpu"
+    dtype: str = "float32"
+    lr: float = 1e-3
+    seed: int = 0
+    algorithm: str | None = "randomized_best_fit"
+    warmup_steps: int = 2
+    loss_tolerance: float = 1e-3
+    compact_vocab: bool = True
+    packing_buffer_size: int = 1000
+    out_dir: str | None = "bench_results"
+    progress: bool = True
+
+
+def tiny_config(family: str = "qwen3", *, vocab_size: int, hidden_size: int = 256, num_layers: int = 2,
+                intermediate_size: int = 768, num_heads: int = 4, num_kv_heads: int = 2,
+                max_position_embeddings: int = 32768, attn_implementation: str = "sdpa"):
+    """A small random-init ``Qwen3Config`` / ``LlamaConfig`` built in code (no download).
+
+    ``head_dim = hidden_size // num_heads``; dropout 0; untied embeddings; ``use_cache=False``.
+
+    Raises:
+        ValueError: unknown family, or ``hidden_size`` not divisible by ``num_heads``, or
+            ``num_heads`` not divisible by ``num_kv_heads``.
+    """
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(f"hidden_size ({hidden_size}) must divide by num_heads ({num_heads}) and num_heads by "
+                         f"num_kv_heads ({num_kv_heads})")
+    common = dict(vocab_size=int(vocab_size), hidden_size=hidden_size, num_hidden_layers=num_layers,
+                  intermediate_size=intermediate_size, num_attention_heads=num_heads,
+                  num_key_value_heads=num_kv_heads, head_dim=hidden_size // num_heads,
+                  max_position_embeddings=max_position_embeddings, attention_dropout=0.0,
+                  tie_word_embeddings=False, use_cache=False)
+    if family == "qwen3":
+        from transformers import Qwen3Config
+
+        cfg = Qwen3Config(**common)
+    elif family == "llama":
+        from transformers import LlamaConfig
+
+        cfg = LlamaConfig(**common)
+    else:
+        raise ValueError(f"unknown tiny model family {family!r}; use 'qwen3' or 'llama'")
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def build_model(cfg: TrainConfig, vocab_size: int | None):
+    """Random-init tiny model (``tiny-*``) or ``from_pretrained(cfg.model)``, on ``cfg.device``/``cfg.dtype``.
+
+    Raises:
+        FileNotFoundError: ``cfg.model`` is neither a tiny name nor an existing folder.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, cfg.dtype)
+    torch.manual_seed(cfg.seed)
+    if cfg.model in TINY_MODELS:
+        conf = tiny_config(cfg.model.split("-", 1)[1], vocab_size=vocab_size, hidden_size=cfg.hidden_size,
+                           num_layers=cfg.num_layers, intermediate_size=cfg.intermediate_size,
+                           num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                           attn_implementation=cfg.attn_implementation)
+        model = AutoModelForCausalLM.from_config(conf, attn_implementation=cfg.attn_implementation)
+    else:
+        if not Path(cfg.model).is_dir():
+            raise FileNotFoundError(
+                f"model {cfg.model!r} is not {' or '.join(TINY_MODELS)} and not a local folder; pass a folder with "
+                "config.json + weights (no download at run time)")
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, attn_implementation=cfg.attn_implementation)
+    model.config.use_cache = False
+    return model.to(device=cfg.device, dtype=dtype).train()
+
+
+def compact_vocabulary(samples: Sequence[Any], pad_token_id: int) -> tuple[list[Any], int, int]:
+    """Remap token ids to ``0..V-1`` over the ids used by ``samples`` (plus the pad id).
+
+    Returns:
+        ``(new samples, V, new pad id)``; labels keep -100, other labels are remapped like ids.
+    """
+    from seqpack.data.sample import Sample
+
+    used = np.unique(np.concatenate([np.asarray(s.input_ids, np.int64) for s in samples]
+                                    + [np.asarray(s.labels, np.int64)[np.asarray(s.labels) >= 0] for s in samples]
+                                    + [np.array([pad_token_id], np.int64)]))
+    lut = np.full(int(used.max()) + 1, -1, np.int64)
+    lut[used] = np.arange(used.shape[0])
+    out = []
+    for s in samples:
+        lab = np.asarray(s.labels, np.int64)
+        new_lab = np.where(lab >= 0, lut[np.maximum(lab, 0)], -100).astype(np.int32)
+        out.append(Sample(input_ids=lut[np.asarray(s.input_ids, np.int64)].astype(np.int32), labels=new_lab,
+                          sample_id=s.sample_id, source=s.source, index=s.index, media=s.media, meta=dict(s.meta)))
+    return out, int(used.shape[0]), int(lut[pad_token_id])
+
+
+def plan_steps(lengths: np.ndarray, seq_length: int, *, algorithm: str | None = None, seed: int = 0) -> list[np.ndarray]:
+    """Step plan = packing plan: ``pack_lengths(lengths, seq_length)`` bins (int64 index arrays, pack order)."""
+    from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+
+    plan = pack_lengths(np.asarray(lengths, np.int64), seq_length, algorithm or DEFAULT_ALGORITHM, seed=seed)
+    return [np.asarray(b, np.int64) for b in plan.bins]
+
+
+def synthetic_samples(n: int, *, vocab_size: int, seed: int = 0, median: float = 250.0, sigma: float = 1.0,
+                      max_length: int = 4096, prompt_fraction: float = 0.3) -> list[Any]:
+    """``n`` random-token ``Sample`` s with a seed-like SFT length mix (lognormal, median ``median``).
+
+    The first ``prompt_fraction`` of each sample is untrained (labels -100), the rest is trained
+    (shifted labels, ``Sample`` contract). Token ids are uniform in ``[1, vocab_size)``.
+    """
+    from seqpack.data.sample import Sample, shift_labels
+
+    rng = np.random.default_rng(seed)
+    lens = np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 2, max_length).astype(np.int64)
+    out = []
+    for i, n_tok in enumerate(lens):
+        ids = rng.integers(1, vocab_size, int(n_tok)).astype(np.int32)
+        trainable = np.arange(n_tok) >= int(n_tok * prompt_fraction)
+        out.append(Sample(input_ids=ids, labels=shift_labels(ids, trainable), sample_id=f"synthetic:{i}",
+                          source="synthetic", index=i))
+    return out
+
+
+def default_data() -> Path:
+    """``../shared/data/llama-factory/alpaca_en_demo.json`` beside the checkout when present, else the
+    embedded ``sample_chat.jsonl``."""
+    repo = Path(__file__).resolve().parents[2]
+    alpaca = repo.parent / "shared" / "data" / "llama-factory" / "alpaca_en_demo.json"
+    if alpaca.is_file():
+        return alpaca
+    from seqpack.pipeline import sample_data_path
+
+    return sample_data_path()
+
+
+# ---------------------------------------------------------------------------------------------- steps
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _step_inputs(mode: str, samples: Sequence[Any], row: Any, pad_id: int, attn: str):
+    """Collate one step. Returns ``(kind, batch, slots)``; kind ``"padded"`` or ``"thd"``."""
+    from seqpack.collate import InBatchPackingCollator, PackedCollator, PaddedCollator
+
+    if mode in ("padded", "padded_stream"):
+        b = PaddedCollator(pad_id, format="shifted")(samples)
+        return "padded", b, int(b["input_ids"].numel())
+    if mode == "in_batch":
+        b = InBatchPackingCollator(pad_id, format="thd")(samples)
+    else:  # packed / streaming: a pre-built PackedSequence row
+        b = PackedCollator(format="thd")([row])
+    return "thd", b, int(b["input_ids"].shape[-1])
+
+
+def _forward_loss(model, kind: str, batch: dict, device: str):
+    """Token-mean loss of one step (fp32 scalar) and its loss-token count."""
+    from seqpack.hf import packed_forward
+    from seqpack.loss import packed_cross_entropy
+
+    if kind == "padded":
+        out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                    position_ids=batch["position_ids"].to(device), use_cache=False)
+    else:
+        out = packed_forward(model, batch, compute_loss=False)
+    loss_sum, count = packed_cross_entropy(out.logits, batch["labels"])
+    return loss_sum / count.clamp(min=1), int(count)
+
+
+@dataclass
+class _ModeRun:
+    name: str
+    model: Any
+    opt: Any
+    steps: list[np.ndarray]
+    rows: list[Any] | None = None
+    losses: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    real: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    loss_tokens: list[int] = field(default_factory=list)
+
+
+def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None = None, *, pad_token_id: int = 0,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train every mode of ``cfg.modes`` on the same samples and compare loss and throughput.
+
+    Args:
+        samples: ``Sample`` objects (``None``: :func:`default_data` through ``seqpack.data.prepare``
+            with the embedded Qwen3 tokenizer; then ``pad_token_id`` comes from the tokenizer).
+        cfg: :class:`TrainConfig` (default settings when ``None``).
+        pad_token_id: id of padding slots (ignored when ``samples`` is None).
+        log: one-line messages.
+
+    Returns:
+        the ``train.json`` payload: ``config``, ``data`` (samples, tokens, steps), ``modes`` (per mode:
+        ``losses``, ``step_time_s``, ``real_tokens``, ``slot_tokens``, ``padding_fraction``,
+        ``real_tokens_per_s``, ``slot_tokens_per_s``, ``reference``, ``speedup_vs_reference``,
+        ``ideal_ratio``, ``fraction_of_ideal``, ``max_abs_loss_delta``), ``goals``.
+
+    Raises:
+        ValueError: unknown mode, no samples, or a sample longer than ``seq_length``.
+    """
+    import torch
+
+    cfg = cfg or TrainConfig()
+    modes = list(dict.fromkeys(cfg.modes))
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)} or 'all'")
+    if "padded" not in modes:
+        modes.insert(0, "padded")
+    if samples is None:
+        from seqpack.data import load_tokenizer, prepare
+
+        tok = load_tokenizer("qwen3")
+        data = default_data()
+        log(f"data: {data}")
+        samples, _ = prepare([data], tok, seq_length=cfg.seq_length)
+        pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    samples = list(samples)
+    if not samples:
+        raise ValueError("no samples to train on")
+    too_long = [s.sample_id for s in samples if s.length > cfg.seq_length]
+    if too_long:
+        raise ValueError(f"{len(too_long)} sample(s) longer than seq_length={cfg.seq_length} (first: {too_long[0]}); "
+                         "prepare them with the same seq_length (overlength='truncate')")
+    vocab = None
+    if cfg.model in TINY_MODELS:
+        if cfg.compact_vocab:
+            samples, vocab, pad_token_id = compact_vocabulary(samples, pad_token_id)
+        else:
+            vocab = int(max(int(np.max(s.input_ids)) for s in samples) + 1)
+            vocab = max(vocab, pad_token_id + 1)
+    lengths = np.array([s.length for s in samples], np.int64)
+    plan = plan_steps(lengths, cfg.seq_length, algorithm=cfg.algorithm, seed=cfg.seed)
+    n_steps = len(plan) if cfg.steps is None else min(cfg.steps, len(plan))
+    plan = plan[:n_steps]
+
+    from seqpack.packed import build_packed_sequence
+
+    base = build_model(cfg, vocab)
+    runs: list[_ModeRun] = []
+
+    def new_run(name: str, steps: list[np.ndarray], rows=None) -> _ModeRun:
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        return _ModeRun(name, model, opt, steps, rows)
+
+    for m in modes:
+        if m == "streaming":
+            from seqpack.stream import StreamingPacker
+
+            packer = StreamingPacker(samples, cfg.seq_length, packing_buffer_size=min(cfg.packing_buffer_size,
+                                     len(samples)), pad_token_id=pad_token_id, seed=cfg.seed, output="packed")
+            index = {s.sample_id: i for i, s in enumerate(samples)}
+            rows, steps = [], []
+            for row in packer:  # the packer's own packs, in its order (built before the timed loop)
+                rows.append(row)
+                steps.append(np.array([index[str(sid)] for sid in row.sample_ids], np.int64))
+                if len(rows) == n_steps:
+                    break
+            runs.append(new_run("streaming", steps, rows))
+            runs.append(new_run("padded_stream", steps))
+        elif m == "packed":
+            rows = [build_packed_sequence([samples[int(i)] for i in b], pad_token_id=pad_token_id) for b in plan]
+            runs.append(new_run("packed", plan, rows))
+        else:
+            runs.append(new_run(m, plan))
+    del base
+    total = sum(len(r.steps) for r in runs)
+    log(f"{len(samples)} samples, {int(lengths.sum()):,} tokens; {n_steps} steps of <= {cfg.seq_length} tokens; "
+        f"modes: {', '.join(r.name for r in runs)}; model {cfg.model} (vocab {vocab or 'model'}), "
+        f"{cfg.attn_implementation}, {cfg.dtype}, {cfg.device}")
+
+    from contextlib import nullcontext
+
+    if cfg.progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        prog = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                        TimeElapsedColumn(), transient=False)
+    else:
+        prog = None
+    with (prog if prog is not None else nullcontext()):
+        task = prog.add_task("", total=total) if prog else None
+        for k in range(max(len(r.steps) for r in runs)):
+            order = runs[k % len(runs):] + runs[: k % len(runs)]  # rotate: no mode always runs first
+            for r in order:
+                if k >= len(r.steps):
+                    continue
+                ss = [samples[int(i)] for i in r.steps[k]]
+                _sync(cfg.device)
+                t0 = time.perf_counter()
+                kind, batch, slots = _step_inputs(r.name, ss, r.rows[k] if r.rows else None, pad_token_id,
+                                                  cfg.attn_implementation)
+                loss, count = _forward_loss(r.model, kind, batch, cfg.device)
+                loss.backward()
+                r.opt.step()
+                r.opt.zero_grad(set_to_none=True)
+                _sync(cfg.device)
+                r.times.append(time.perf_counter() - t0)
+                r.losses.append(float(loss.detach()))
+                r.real.append(int(sum(s.length for s in ss)))
+                r.slots.append(slots)
+                r.loss_tokens.append(count)
+                if prog:
+                    prog.update(task, advance=1, description=f"{r.name:>13s} step {k + 1} loss {r.losses[-1]:.4f}")
+    return _summarise(runs, cfg, samples, lengths, n_steps, vocab, log)
+
+
+def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps, vocab, log) -> dict[str, Any]:
+    from seqpack.bench.timing import bar_chart, line_chart, print_table, verdict, write_json
+
+    by = {r.name: r for r in runs}
+    w = max(0, min(cfg.warmup_steps, n_steps - 1))
+    out: dict[str, Any] = {}
+    for r in runs:
+        t = float(sum(r.times[w:]))
+        real, slots = int(sum(r.real[w:])), int(sum(r.slots[w:]))
+        out[r.name] = {
+            "steps": len(r.losses), "losses": r.losses, "step_time_s": r.times, "real_tokens": real,
+            "slot_tokens": slots, "loss_tokens": int(sum(r.loss_tokens)),
+            "padding_fraction": round(1.0 - real / slots, 6) if slots else None,
+            "time_s": t, "real_tokens_per_s": real / t if t else None, "slot_tokens_per_s": slots / t if t else None,
+        }
+    goals = []
+    for r in runs:
+        if r.name in ("padded", "padded_stream"):
+            continue
+        ref = by["padded_stream" if r.name == "streaming" else "padded"]
+        o, ro = out[r.name], out[ref.name]
+        same = all(np.array_equal(a, b) for a, b in zip(r.steps, ref.steps))
+        o["reference"] = ref.name
+        o["same_samples_as_reference"] = bool(same)
+        o["speedup_vs_reference"] = ro["time_s"] / o["time_s"] if o["time_s"] else None
+        o["ideal_ratio"] = ro["slot_tokens"] / o["real_tokens"] if o["real_tokens"] else None
+        o["fraction_of_ideal"] = (o["speedup_vs_reference"] / o["ideal_ratio"]) if o["ideal_ratio"] else None
+        d = np.abs(np.array(r.losses) - np.array(ref.losses[: len(r.losses)]))
+        o["max_abs_loss_delta"] = float(d.max()) if d.size else None
+        o["loss_delta_step1"] = float(d[0]) if d.size else None
+        goals.append(verdict(f"{r.name}: loss curve = {ref.name} within {cfg.loss_tolerance:g} (token mean, same samples)",
+                             bool(same) and o["max_abs_loss_delta"] <= cfg.loss_tolerance,
+                             f"max |delta| {o['max_abs_loss_delta']:.2e} over {len(r.losses)} steps "
+                             f"(step 1: {o['loss_delta_step1']:.2e})"))
+        goals.append(verdict(f"{r.name}: speed-up >= 90% of ideal", o["fraction_of_ideal"] >= 0.9,
+                             f"{o['speedup_vs_reference']:.2f}x vs ideal {o['ideal_ratio']:.2f}x = "
+                             f"{100 * o['fraction_of_ideal']:.0f}%"))
+    rows = []
+    for r in runs:
+        o = out[r.name]
+        rows.append([r.name, o["steps"], o["real_tokens"], o["slot_tokens"], o["padding_fraction"],
+                     o["real_tokens_per_s"], o["slot_tokens_per_s"], o.get("speedup_vs_reference"),
+                     o.get("ideal_ratio"), o.get("fraction_of_ideal"), o.get("max_abs_loss_delta"), r.losses[-1]])
+    print_table(f"train: {cfg.model}, {cfg.attn_implementation}, {cfg.dtype}, {cfg.device}; throughput after "
+                f"{w} warm-up step(s)",
+                ["mode", "steps", "real tok", "slot tok", "pad frac", "real tok/s", "slot tok/s", "speed-up",
+                 "ideal", "of ideal", "max |dloss|", "last loss"], rows)
+    payload = {
+        "benchmark": "train",
+        "config": {k: (list(v) if isinstance(v, (tuple, list)) else v) for k, v in asdict(cfg).items()},
+        "data": {"samples": len(samples), "tokens": int(lengths.sum()), "steps": n_steps, "vocab_size": vocab},
+        "loss": "token mean of cross entropy over each step's loss tokens (seqpack.loss.packed_cross_entropy)",
+        "modes": out,
+        "goals": goals,
+    }
+    if cfg.out_dir:
+        od = Path(cfg.out_dir)
+        write_json(od / "train.json", payload)
+        line_chart(od / "train_loss.png", {r.name: r.losses for r in runs},
+                   title="loss per step (token mean, same samples per step)", xlabel="step", ylabel="loss (nats)")
+        names = [r.name for r in runs]
+        bar_chart(od / "train_throughput.png", names, [out[n]["real_tokens_per_s"] for n in names],
+                  title="real tokens / s (higher is better)", ylabel="tokens/s",
+                  annotate=[f"{out[n]['real_tokens_per_s']:.0f}" for n in names])
+    return payload
