@@ -321,3 +321,11 @@ def test_invalid_options(qwen3_tokenizer, tmp_path):
             prepare(p, qwen3_tokenizer, **args)
     with pytest.raises(ValueError, match="format="):
         prepare(p, qwen3_tokenizer, seq_length=64, format="csv")
+
+
+def test_in_memory_record_dicts(qwen3_tokenizer):
+    recs = [{"instruction": "q", "output": "a"}, {"foo": 1}]
+    samples, rep = prepare(recs, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert [s.sample_id for s in samples] == ["records:0"]
+    assert rep.records_read == 2 and rep.entries[0].sample_id == "records:1"
+    assert rep.entries[0].reason == "unknown_format"

@@ -152,9 +152,16 @@ class RawRecord:
 # --------------------------------------------------------------------------------------------- reading
 
 
+class InMemoryRecords(list):
+    """A list of record dicts given directly to ``prepare`` (source name ``"records"``)."""
+
+    name = "records"
+
+
 def expand_inputs(inputs: Any) -> list[Any]:
-    """Expand ``inputs`` (a path, a glob, a ``datasets.Dataset`` or a list of those) to a list of
-    ``Path`` objects and dataset objects, in the given order (globs sorted).
+    """Expand ``inputs`` (a path, a glob, a ``datasets.Dataset``, a list of those, or a list of
+    record dicts) to a list of ``Path`` objects, dataset objects and ``InMemoryRecords``, in the
+    given order (globs sorted).
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
@@ -162,6 +169,12 @@ def expand_inputs(inputs: Any) -> list[Any]:
     """
     if isinstance(inputs, (str, os.PathLike)) or _is_dataset(inputs) or _is_dataset_dict(inputs):
         inputs = [inputs]
+    if isinstance(inputs, InMemoryRecords):
+        return [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs and all(
+        isinstance(x, dict) and not _is_dataset_dict(x) for x in inputs
+    ):
+        return [InMemoryRecords(inputs)]
     out: list[Any] = []
     for item in inputs:
         if _is_dataset_dict(item):
@@ -232,8 +245,8 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
     Raises:
         DataFormatError: the whole file cannot be parsed, or the extension is unknown.
     """
-    if _is_dataset(item):
-        name = dataset_name(item)
+    if _is_dataset(item) or isinstance(item, InMemoryRecords):
+        name = item.name if isinstance(item, InMemoryRecords) else dataset_name(item)
         for i, row in enumerate(item):
             yield RawRecord(row, name, i)
         return

@@ -36,7 +36,8 @@ def prepare(
 
     Args:
         inputs: a path (``.json`` array, ``.jsonl``, ``.parquet``), a glob, an HF
-            ``datasets.Dataset``, or a list of those (read in order).
+            ``datasets.Dataset``, or a list of those (read in order); or a list of record dicts
+            (source name ``"records"``, image paths relative to the cwd).
         tokenizer: a fast ``transformers`` tokenizer with a chat template, or a name for
             ``load_tokenizer`` (``"qwen3"`` = embedded Qwen3 tokenizer, a folder or a hub id).
         seq_length: capacity in tokens; no returned sample is longer.
@@ -151,14 +152,19 @@ def _display_names(items: list[Any]) -> list[str]:
     dataset's name, suffixed ``[k]`` where several datasets share it. Keeps sample ids unique."""
     from .formats import _is_dataset
 
-    base = [dataset_name(it) if _is_dataset(it) else Path(it).name for it in items]
+    from .formats import InMemoryRecords
+
+    base = [
+        it.name if isinstance(it, InMemoryRecords) else dataset_name(it) if _is_dataset(it) else Path(it).name
+        for it in items
+    ]
     counts = Counter(base)
     seen: Counter = Counter()
     out = []
     for b, it in zip(base, items):
         if counts[b] == 1:
             out.append(b)
-        elif _is_dataset(it):
+        elif _is_dataset(it) or isinstance(it, InMemoryRecords):
             out.append(f"{b}[{seen[b]}]")
         else:
             out.append(str(it))
@@ -167,10 +173,13 @@ def _display_names(items: list[Any]) -> list[str]:
 
 
 def _total_records(items: list[Any]) -> int | None:
-    from .formats import _is_dataset
+    from .formats import InMemoryRecords, _is_dataset
 
     total = 0
     for it in items:
+        if isinstance(it, InMemoryRecords):
+            total += len(it)
+            continue
         if not _is_dataset(it):
             return None
         try:
