@@ -17,6 +17,8 @@ What it prints (all measured in this run; medians of ``--repeats``):
    do), "carry" = the default carry-over of under-filled packs; "offline" = ``pack_lengths`` over
    the whole data set. Goal: carry with buffer 1,000 <= L1 + 0.1 %.
 3. Size of ``state_dict()`` (pickle and ``torch.save`` bytes) for buffer 10,000.
+4. End-to-end rows/s from ``Sample`` objects to ``PackedSequence`` rows, and the cost of one
+   ``state_dict()`` call with buffer 10,000.
 
 Every goal is printed as PASS or MISS.
 """
@@ -161,6 +163,36 @@ def bench_state_size() -> None:
     print(f"  {n_keys:,} sample keys held; pickle {len(pickle.dumps(state)):,} B; torch.save {len(buf.getvalue()):,} B")
 
 
+def bench_rows(n: int) -> None:
+    """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost."""
+    from seqpack.data.sample import Sample
+
+    cap = 4096
+    lens = lognormal_mix(n, cap, seed=3)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i, L in enumerate(lens.tolist()):
+        ids = rng.integers(1, 30000, L).astype(np.int32)
+        lab = np.full(L, -100, np.int32)
+        lab[:-1] = ids[1:]
+        samples.append(Sample(ids, lab, sample_id=str(i)))
+    t = time.perf_counter()
+    rows = count_packs(StreamingPacker(samples, cap, packing_buffer_size=1000, pad_to_multiple_of=8, output="packed"))
+    dt = time.perf_counter() - t
+    p = StreamingPacker(lognormal_mix(50_000, cap), cap, packing_buffer_size=10_000, output="indices")
+    it = iter(p)
+    next(it)
+    reps = 200
+    t = time.perf_counter()
+    for _ in range(reps):
+        p.state_dict()
+    sd = (time.perf_counter() - t) / reps
+    print(f"\n== 4. rows: {n:,} Sample objects -> {rows:,} PackedSequence rows (cap {cap}, buffer 1,000, multiple 8)")
+    print(f"  {n / dt:,.0f} samples/s, {rows / dt:,.0f} rows/s (build_packed_sequence included)")
+    print(f"  state_dict() with buffer 10,000: {1e6 * sd:,.0f} us per call (StatefulDataLoader calls it per batch "
+          "in each worker unless snapshot_every_n_steps is raised)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, finishes in < 60 s")
@@ -174,6 +206,7 @@ def main() -> None:
     ok1 = bench_throughput(n_tp, repeats)
     ok2 = bench_efficiency(n_eff)
     bench_state_size()
+    bench_rows(20_000 if args.quick else 100_000)
     print(f"\nsummary: throughput {'PASS' if ok1 else 'MISS'}, efficiency {'PASS' if ok2 else 'MISS'} "
           f"({time.perf_counter() - t0:.0f} s)")
 
