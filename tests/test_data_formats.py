@@ -329,3 +329,14 @@ def test_in_memory_record_dicts(qwen3_tokenizer):
     assert [s.sample_id for s in samples] == ["records:0"]
     assert rep.records_read == 2 and rep.entries[0].sample_id == "records:1"
     assert rep.entries[0].reason == "unknown_format"
+
+
+def test_tokenizer_without_chat_template_is_refused(qwen3_tokenizer):
+    import copy
+
+    from seqpack.data import TokenizerError
+
+    tok = copy.copy(qwen3_tokenizer)
+    tok.chat_template = None
+    with pytest.raises(TokenizerError, match="no chat template"):
+        prepare([{"instruction": "q", "output": "a"}], tok, seq_length=64)

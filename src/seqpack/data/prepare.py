@@ -7,8 +7,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from .formats import Conversation, DataFormatError, RawRecord, dataset_name, expand_inputs, iter_records, normalize_record
+from .formats import FORMATS, Conversation, DataFormatError, RawRecord, dataset_name, expand_inputs, iter_records, normalize_record
 from .sample import PrepareReport, Sample, SampleRecord
+from .tokenizer import TokenizerError, load_tokenizer
 from .tokenize import OVERLENGTH_POLICIES, TRAIN_ON, TemplateMarkers, apply_overlength, encode_texts, render_conversation
 
 __all__ = ["prepare", "ON_ERROR"]
@@ -66,6 +67,7 @@ def prepare(
         DataFormatError: bad input with ``on_error="raise"`` (names file, line/index and the fix).
         OverlengthError: ``overlength="error"`` and a sample is longer than ``seq_length``.
         FileNotFoundError: a path or glob matches nothing.
+        TokenizerError: the tokenizer cannot be loaded or has no chat template.
         ValueError: an invalid option.
     """
     if overlength not in OVERLENGTH_POLICIES:
@@ -77,10 +79,15 @@ def prepare(
     if int(seq_length) < 1:
         raise ValueError(f"seq_length must be >= 1, got {seq_length}")
     seq_length = int(seq_length)
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"format={format!r} is not one of {FORMATS} (or None to detect per record)")
     if isinstance(tokenizer, (str, os.PathLike)):
-        from .tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TokenizerError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat records cannot "
+            "be rendered. Fix: use an instruct/chat model's tokenizer or set tokenizer.chat_template."
+        )
     markers = TemplateMarkers.probe(tokenizer, chat_template_kwargs)
 
     items = expand_inputs(inputs)
