@@ -206,3 +206,26 @@ def test_in_batch_invariants(lengths, multiple, force):
     if not force:
         PackedSequence.from_boundaries(b["input_ids"][0].numpy(), b["labels"][0].numpy(), b["cu_seqlens"].numpy(),
                                        b["cu_seqlens_padded"].numpy()).validate()
+
+
+def test_media_concatenated_in_segment_order():
+    s = _samples((4, 3, 5))
+    s[0].media = {"pixel_values": np.full((4, 6), 1.0), "image_grid_thw": np.array([[1, 2, 2]])}
+    s[2].media = {"pixel_values": np.full((8, 6), 3.0), "image_grid_thw": np.array([[1, 2, 4]])}
+    b = InBatchPackingCollator(pad_token_id=0)(s)
+    assert b["pixel_values"].shape == (12, 6) and b["pixel_values"][:4].eq(1).all() and b["pixel_values"][4:].eq(3).all()
+    assert b["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
+    hf = InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")(s)
+    assert torch.equal(hf["image_grid_thw"], b["image_grid_thw"])
+    rows = [build_packed_sequence(s[:2], pad_token_id=0), build_packed_sequence(s[2:], pad_token_id=0)]
+    p = PackedCollator()(rows)
+    assert torch.equal(p["pixel_values"], b["pixel_values"])
+    assert "pixel_values" not in InBatchPackingCollator(pad_token_id=0)(_samples((3, 2)))
+
+
+def test_megatron_format():
+    b = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, format="megatron")(_samples((5, 3)))
+    assert set(b) == {"tokens", "labels", "loss_mask", "position_ids", "padding_mask", "packed_seq_params"}
+    p = b["packed_seq_params"]
+    assert p["qkv_format"] == "thd" and p["cu_seqlens_q"].tolist() == [0, 5, 8]
+    assert p["cu_seqlens_kv_padded"].tolist() == [0, 8, 12] and p["max_seqlen_q"] == 8

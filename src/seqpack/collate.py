@@ -30,6 +30,9 @@ Output formats (``format=``):
     ``"eager"`` -> 4-D additive float mask; ``"flex_attention"`` -> a FlexAttention ``BlockMask``;
     ``"flash_attention_2"/"flash_attention_3"`` -> ``cu_seq_lens_q/k`` + ``max_length_q/k`` and no
     mask. A 4-D mask costs ``T*T`` bytes (bool) or ``4*T*T`` (fp32): prefer flash-attn for long rows.
+``"megatron"``
+    ``seqpack.adapters.to_megatron`` of the row: ``tokens, labels, loss_mask, position_ids,
+    padding_mask`` ``[1, T]`` and ``packed_seq_params`` (the ``PackedSeqParams`` fields as a dict).
 
 Tail padding, two layouts (see ``packed-batch-spec.md``):
 
@@ -54,7 +57,7 @@ import torch
 from seqpack.padding import round_up
 
 IGNORE_INDEX = -100
-FORMATS = ("thd", "hf")
+FORMATS = ("thd", "hf", "megatron")
 HF_ATTN = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 __all__ = [
@@ -276,12 +279,38 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
     else:  # flash_attention_2 / flash_attention_3: varlen kwargs, no mask
         fk = attention.flash_attn_kwargs(b)
         out.update({k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in fk.items()})
+    for k in MEDIA_KEYS:  # VLM inputs travel as they are (segment order)
+        if batch.get(k) is not None:
+            out[k] = batch[k].to(dev) if isinstance(batch[k], torch.Tensor) else batch[k]
     return out
+
+
+MEDIA_KEYS = ("pixel_values", "image_grid_thw")
+
+
+def _add_media(batch: dict[str, Any], media: Sequence[Any]) -> None:
+    """Concatenate per-segment media in segment order (``seqpack.data.media.collate_media``)."""
+    if not any(m for m in media):
+        return
+    from seqpack.data.media import collate_media
+
+    cm = collate_media(list(media))
+    if cm:
+        for k, v in cm.items():
+            batch[k] = torch.from_numpy(np.ascontiguousarray(v))
 
 
 def _format(batch: dict[str, Any], fmt: str, attn_implementation: str | None, mask_dtype) -> dict[str, Any]:
     if fmt == "thd":
         return batch
+    if fmt == "megatron":
+        from seqpack.adapters import to_megatron
+
+        out = to_megatron(batch)
+        for k in MEDIA_KEYS:
+            if k in batch:
+                out[k] = batch[k]
+        return out
     return to_hf_inputs(batch, attn_implementation, mask_dtype=mask_dtype)
 
 
@@ -357,7 +386,7 @@ class PackedCollator:
     ``num_segments`` first.
 
     Args:
-        format: ``"thd"`` or ``"hf"`` (module docstring).
+        format: ``"thd"``, ``"hf"`` or ``"megatron"`` (module docstring).
         attn_implementation: required for ``format="hf"``.
         mask_dtype: dtype of the eager additive mask.
 
@@ -377,7 +406,7 @@ class PackedCollator:
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         if len(features) == 0:
             raise ValueError("PackedCollator got an empty batch")
-        ids_l, lab_l, cu_l, cup_l, sids = [], [], [], [], []
+        ids_l, lab_l, cu_l, cup_l, sids, media = [], [], [], [], [], []
         off = 0
         for i, f in enumerate(features):
             cu = _get(f, "cu_seqlens")
@@ -402,6 +431,8 @@ class PackedCollator:
             cup_l.append(cup[1:] + off if cup_l else cup + off)
             s = _get(f, "sample_ids", None)
             sids.extend(list(s) if s is not None else [f"{i}:{j}" for j in range(cu.shape[0] - 1)])
+            m = _get(f, "media", None)
+            media.extend(list(m) if m is not None else [None] * (cu.shape[0] - 1))
             off += ids.shape[0]
         cu = np.concatenate(cu_l)
         cup = np.concatenate(cup_l)
@@ -410,6 +441,7 @@ class PackedCollator:
         input_ids = np.concatenate(ids_l) if len(ids_l) > 1 else ids_l[0].copy()
         labels = np.concatenate(lab_l) if len(lab_l) > 1 else lab_l[0].copy()
         batch = _finish(input_ids, labels, cu, cup, seg_len, real_len, sids)
+        _add_media(batch, media)
         return _format(batch, self.format, self.attn_implementation, self.mask_dtype)
 
 
@@ -467,4 +499,5 @@ class InBatchPackingCollator:
             multiple=self.pad_to_multiple_of, pad_token_id=self.pad_token_id, seq_length=self.seq_length,
             force_to_pad_to_seq_len=self.force_to_pad_to_seq_len, sample_ids=[r[2] for r in rows],
         )
+        _add_media(batch, [_get(f, "media", None) for f in features])
         return _format(batch, self.format, self.attn_implementation, self.mask_dtype)
