@@ -373,3 +373,12 @@ def test_sigkill_mid_write_never_leaves_a_complete_looking_dataset(tmp_path):
     # the next run cleans the dead writer's temp dir and publishes normally
     write_packed(_rows(GROUPS[:1]), out, _meta())
     assert [p.name for p in tmp_path.iterdir()] == ["ds"] and len(load_packed(out)) == 1
+
+
+def test_shard_closes_early_on_token_budget(tmp_path, monkeypatch):
+    import seqpack.io.writer as wr
+
+    monkeypatch.setattr(wr, "_MAX_SHARD_TOKENS", 20)  # rows of 8, 7, 13, 16, 1 tokens
+    meta = write_packed(_rows(GROUPS), tmp_path / "ds", _meta(), rows_per_shard=100)
+    assert [s.num_rows for s in meta.shards] == [3, 2]
+    assert [load_packed(tmp_path / "ds")[i].sample_ids[0] for i in (0, 3, 4)] == ["a", "g", "h"]

@@ -57,6 +57,7 @@ SCHEMA = pa.schema(
 COLUMNS = tuple(SCHEMA.names)
 
 _INT32_MAX = np.iinfo(np.int32).max
+_MAX_SHARD_TOKENS = 1 << 28  # tokens per shard; keeps list offsets far below 2**31
 
 
 def _fsync_file(path: Path) -> None:
@@ -177,7 +178,7 @@ class PackedWriter:
     Args:
         output: target directory.
         overwrite: replace an existing seqpack dataset at ``output``.
-        rows_per_shard: packs per Parquet shard (>= 1).
+        rows_per_shard: packs per Parquet shard (>= 1); a shard also closes at 2**28 tokens.
         row_group_size: packs per Parquet row group.
         compression: Parquet codec (``"zstd"``, ``"snappy"``, ``"none"``...).
 
@@ -207,6 +208,7 @@ class PackedWriter:
         self.tmp = self.output.parent / f".{self.output.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         (self.tmp / DATA_DIR).mkdir(parents=True)
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}
+        self._buf_tokens = 0
         self.shards: list[ShardInfo] = []
         self.num_rows = 0
         self._done = False
@@ -220,7 +222,9 @@ class PackedWriter:
         for k, v in cols.items():
             self._buf[k].append(v)
         self.num_rows += 1
-        if len(self._buf["input_ids"]) >= self.rows_per_shard:
+        self._buf_tokens += len(cols["input_ids"])
+        # a shard closes at rows_per_shard rows, or earlier for very long rows (32-bit list offsets)
+        if len(self._buf["input_ids"]) >= self.rows_per_shard or self._buf_tokens >= _MAX_SHARD_TOKENS:
             self._flush()
 
     def write_all(self, rows: Iterable[Any]) -> None:
@@ -249,6 +253,7 @@ class PackedWriter:
         _fsync_file(path)
         self.shards.append(ShardInfo(file=name, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
         self._buf = {c: [] for c in COLUMNS}
+        self._buf_tokens = 0
 
     # -- publish --------------------------------------------------------------------------------
     def finalize(self, metadata: PackedMetadata, report_entries: Iterable[Any] = ()) -> PackedMetadata:
