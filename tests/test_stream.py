@@ -120,6 +120,10 @@ def test_bad_settings_are_named():
         StreamingPacker([1], 128, packing_buffer_size=0)
     with pytest.raises(ValueError, match="rank"):
         StreamingPacker([1], 128, rank=2, world_size=2)
+    with pytest.raises(TypeError, match="neither a dataset nor iterable"):
+        StreamingPacker(42, 128)
+    with pytest.raises(ValueError, match="output"):
+        StreamingPacker([1], 128, output="rows")
 
 
 # ------------------------------------------------------------------------------------ determinism

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -428,7 +427,7 @@ class StreamingPacker(IterableDataset):
                 world_size = 1 if world_size is None else world_size
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if output == "indices" and not _is_map_style(source) and not isinstance(source, Iterable):
+        if not _is_map_style(source) and not isinstance(source, Iterable):
             raise TypeError(f"source of type {type(source).__name__} is neither a dataset nor iterable")
 
         self.source = source
@@ -720,7 +719,7 @@ class StreamingPacker(IterableDataset):
         )
 
     def _generate(self, run: _Run, read):
-        B, C, m = self.packing_buffer_size, self.capacity, self.pad_to_multiple_of
+        B = self.packing_buffer_size
         st = run.stats
         need_items = self.output != "indices"
         while True:
