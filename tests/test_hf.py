@@ -79,6 +79,8 @@ def test_B01_refused_with_instructions():
     check_hf_inputs({"position_ids": pos, "cu_seq_lens_q": torch.tensor([0, 3, 5], dtype=torch.int32)})
     check_hf_inputs({"position_ids": torch.arange(5)[None], "attention_mask": torch.ones(1, 5)})
     check_hf_inputs({"position_ids": pos, "use_cache": False})
+    # generate()'s left padding is not packing
+    check_hf_inputs({"position_ids": torch.tensor([[1, 1, 0, 1, 2]]), "attention_mask": torch.tensor([[0, 0, 1, 1, 1]])})
 
     model = _model("sdpa")
     batch = InBatchPackingCollator(pad_token_id=0)(_samples((3, 2)))

@@ -46,13 +46,23 @@ _FIX = (
 )
 
 
-def _has_restarts(position_ids) -> bool:
+def _has_restarts(position_ids, mask2d=None) -> bool:
+    """Positions restart inside a row (packing). With a 2-D padding mask only real slots count, so
+    generate()'s left padding (positions ``[1, 1, 0, 1, 2]`` under mask ``[0, 0, 1, 1, 1]``) is not packing."""
     p = torch.as_tensor(position_ids)
     if p.dim() == 1:
         p = p.unsqueeze(0)
     if p.shape[-1] < 2:
         return False
-    return bool((torch.diff(p, dim=-1) != 1).any())
+    if mask2d is None:
+        return bool((torch.diff(p, dim=-1) != 1).any())
+    m = torch.as_tensor(mask2d).to(torch.bool)
+    p = p.expand(m.shape[0], -1) if p.shape[0] != m.shape[0] else p
+    for row, keep in zip(p, m):
+        r = row[keep]
+        if r.numel() > 1 and bool((torch.diff(r) != 1).any()):
+            return True
+    return False
 
 
 def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | None = None) -> None:
@@ -72,9 +82,10 @@ def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | Non
         attn_implementation: ``model.config._attn_implementation`` when known.
     """
     pos = inputs.get("position_ids")
-    if pos is None or not _has_restarts(pos):
-        return
     mask = inputs.get("attention_mask")
+    mask2d = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    if pos is None or not _has_restarts(pos, mask2d):
+        return
     has_cu = inputs.get("cu_seq_lens_q") is not None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         raise PackedAttentionError(
