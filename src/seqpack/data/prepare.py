@@ -7,10 +7,26 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from .formats import FORMATS, Conversation, DataFormatError, RawRecord, dataset_name, expand_inputs, iter_records, normalize_record
+from .formats import (
+    FORMATS,
+    Conversation,
+    DataFormatError,
+    RawRecord,
+    dataset_name,
+    expand_inputs,
+    iter_records,
+    normalize_record,
+)
 from .sample import PrepareReport, Sample, SampleRecord
 from .tokenizer import TokenizerError, load_tokenizer
-from .tokenize import OVERLENGTH_POLICIES, TRAIN_ON, TemplateMarkers, apply_overlength, encode_texts, render_conversation
+from .tokenize import (
+    OVERLENGTH_POLICIES,
+    TRAIN_ON,
+    TemplateMarkers,
+    apply_overlength,
+    encode_texts,
+    render_conversation,
+)
 
 __all__ = ["prepare", "ON_ERROR"]
 
