@@ -134,3 +134,19 @@ def test_algorithms_lists_one_line_each():
         assert line.split()[0] == a.value
         assert len(line.split()) > 2  # has a description
     assert [ln for ln in lines if "(default)" in ln][0].split()[0] == PackingAlgorithm(DEFAULT_ALGORITHM).value
+
+
+def test_summary_rows_show_gap_to_lower_bound_and_reasons():
+    from seqpack.io import PackedMetadata
+    from seqpack.report import summary_rows
+
+    m = PackedMetadata(seq_length=4096, num_packs=5, lower_bound=4, packing_efficiency=0.8125,
+                       counts={"records_read": 10, "samples_packed": 8, "dropped": {"overlength": 1},
+                               "skipped": {"malformed_json": 1}})
+    rows = dict(summary_rows(m, {"total": 1.5}))
+    assert rows["packs / lower bound"] == "5 / 4 (+1)"
+    assert rows["dropped"] == "1 (overlength: 1)" and rows["skipped"] == "1 (malformed_json: 1)"
+    assert rows["truncated"] == "0" and rows["packing efficiency"].startswith("81.25%")
+    assert rows["time"] == "total 1.50s"
+    m.num_packs = 4
+    assert dict(summary_rows(m))["packs / lower bound"] == "4 / 4 (optimal)"
