@@ -206,3 +206,15 @@ def test_real_hf_dataset_and_parquet_give_same_samples(shared_data, qwen3_tokeni
     for a, b, c in zip(ref, got, got_pq):
         assert a.input_ids.tolist() == b.input_ids.tolist() == c.input_ids.tolist()
         assert a.labels.tolist() == b.labels.tolist() == c.labels.tolist()
+
+
+def test_fingerprint_without_local_folder_hashes_backend(qwen3_tokenizer):
+    import copy
+
+    tok = copy.copy(qwen3_tokenizer)
+    tok.name_or_path = "org/not-a-local-folder"
+    fp = tokenizer_fingerprint(tok)
+    assert fp["name"] == "org/not-a-local-folder" and len(fp["files_sha256"]) == 64
+    assert fp["files_sha256"] != tokenizer_fingerprint(qwen3_tokenizer)["files_sha256"]
+    assert fp["chat_template_sha256"] == tokenizer_fingerprint(qwen3_tokenizer)["chat_template_sha256"]
+    assert tokenizer_fingerprint(tok) == fp
