@@ -34,7 +34,9 @@ reads epoch positions ``shard, shard + S, shard + 2S, ...`` so that every sample
 exactly one (rank, worker). Map-style sources (``__len__`` + ``__getitem__``) are permuted per epoch
 (``shuffle=True``) and restored by index; plain iterables are read in order and, on restore, replayed
 up to the saved position (keys only are stored, so items still waiting in the buffer are collected
-again during the replay).
+again during the replay). Every shard of a plain iterable reads the whole stream and skips the other
+shards' items; for large sources prefer a map-style source, or a source that already yields only its
+own part (``shard_source=False``, e.g. a Hugging Face ``IterableDataset`` in DataLoader workers).
 
 Megatron-Energon hooks. :func:`select_samples_to_pack` and :func:`pack_selected_samples` are plain
 functions, so an Energon ``TaskEncoder`` (which owns the buffer there, ``packing_buffer_size``) can
