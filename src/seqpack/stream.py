@@ -5,6 +5,21 @@ map-style dataset, keeps a buffer of ``packing_buffer_size`` samples, chooses pa
 :class:`~seqpack.algorithms.PackingAlgorithm` (or a callable) and yields one pack at a time: a
 :class:`~seqpack.packed.PackedSequence` (default), the list of samples, or the array of source keys.
 
+Usage (one pack per step; ``batch_size=None`` because the packer already yields whole rows)::
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from seqpack.stream import StreamingPacker
+
+    packer = StreamingPacker(samples, 4096, packing_buffer_size=1000, pad_to_multiple_of=8,
+                             pad_token_id=tok.pad_token_id, seed=0)   # rank/world_size from torch.distributed
+    loader = StatefulDataLoader(packer, batch_size=None, num_workers=2)
+    for epoch in range(epochs):
+        packer.set_epoch(epoch)
+        for row in loader:              # PackedSequence; row.to_torch() for tensors
+            ...
+            torch.save(loader.state_dict(), "loader.pt")   # keys + RNG only, ~100 KB per worker
+    # later, in a new process: loader.load_state_dict(torch.load("loader.pt")) and iterate on
+
 How a round works (one "round" = one call of the packing algorithm):
 
 1. the buffer is refilled to ``packing_buffer_size`` samples from this shard of the source;
