@@ -201,3 +201,21 @@ def test_mask_property_real_tokens_see_only_own_prefix(lengths, multiple):
         for j in range(L):
             q = cup[i] + j
             assert m[q].nonzero().flatten().tolist() == list(range(cup[i], q + 1))
+
+
+def test_B19_sentinel_boundaries_trimmed():
+    """cu_seqlens padded with -1 sentinels (Megatron-Bridge Parquet) or repeated values: trimmed to
+    [0, 5, 8], never to an empty tensor, int32, 1-D, starting at 0."""
+    row = build_packed_sequence(_samples((5, 3)), pad_token_id=0)
+    for cu, cup in (([0, 5, 8, -1, -1], [0, 5, 8, -1, -1]), ([0, 5, 8], [0, 5, 8]), ([0, 5, 8, 8], [0, 5, 8, 8])):
+        d = {"input_ids": torch.as_tensor(row.input_ids), "labels": torch.as_tensor(row.labels),
+             "cu_seqlens": torch.tensor(cu), "cu_seqlens_padded": torch.tensor(cup)}
+        b = as_batch(d)
+        assert b["cu_seqlens"].tolist() == [0, 5, 8] and b["cu_seqlens"].dtype == torch.int32
+        assert b["num_segments"] == 2
+        d["position_ids"], d["padding_mask"] = b["position_ids"], b["padding_mask"]
+        assert to_megatron(d)["packed_seq_params"]["cu_seqlens_q"].tolist() == [0, 5, 8]
+    # the in-batch tail-segment layout keeps its repeated logical boundary
+    t = InBatchPackingCollator(pad_token_id=0, seq_length=12, force_to_pad_to_seq_len=True)(_samples((5, 3)))
+    assert as_batch({k: t[k] for k in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded")}
+                    )["cu_seqlens"].tolist() == [0, 5, 8, 8]

@@ -54,6 +54,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from seqpack.packed import trim_cu_seqlens
 from seqpack.padding import round_up
 
 IGNORE_INDEX = -100
@@ -413,14 +414,9 @@ class PackedCollator:
             cup = _get(f, "cu_seqlens_padded")
             if cu is None or cup is None:
                 raise KeyError(f"pack {i} has no cu_seqlens/cu_seqlens_padded; PackedCollator needs the boundaries")
-            cu = _np(cu, np.int64)
-            cup = _np(cup, np.int64)
-            n = int(_get(f, "num_segments", 0) or 0)
-            if n and n < cup.shape[0] - 1:  # static-shape padding (repeat-last), keep the true N
-                cu, cup = cu[: n + 1], cup[: n + 1]
-            elif np.any(cu < 0) or np.any(cup < 0):  # -1 sentinels
-                k = int(np.argmax(cup < 0)) if np.any(cup < 0) else cup.shape[0]
-                cu, cup = cu[:k], cup[:k]
+            # static-shape boundary arrays (B19): trim by the carried N, else let the padded array decide
+            cup = trim_cu_seqlens(_np(cup, np.int64), _get(f, "num_segments", None) or None).astype(np.int64)
+            cu = trim_cu_seqlens(_np(cu, np.int64), cup.shape[0] - 1).astype(np.int64)
             ids = _np(_get(f, "input_ids"), np.int64)
             lab = _np(_get(f, "labels"), np.int64)
             if ids.shape[0] != int(cup[-1]):

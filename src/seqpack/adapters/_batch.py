@@ -71,16 +71,19 @@ def as_batch(packed: Any) -> dict[str, Any]:
                 "inferred from position_ids or pad ids); build it with seqpack.collate or seqpack.packed"
             )
     out: dict[str, Any] = {}
-    for key in ("cu_seqlens", "cu_seqlens_padded"):
-        v = src[key]
-        v = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
-        out[key] = v.reshape(-1).to(torch.int32)
-    cu = out["cu_seqlens"]
-    cup = out["cu_seqlens_padded"]
-    n = int(src.get("num_segments") or (cup.numel() - 1))
-    if n < cup.numel() - 1:  # static-shape padded boundary arrays: trim to the true N (B19)
-        cu, cup = cu[: n + 1], cup[: n + 1]
-        out["cu_seqlens"], out["cu_seqlens_padded"] = cu, cup
+    # static-shape boundary arrays (-1 sentinels or repeated last value, B19): trim with the carried
+    # segment count when there is one; the padded array decides N otherwise (the logical one may
+    # legitimately repeat its last value for an empty in-batch tail segment)
+    from seqpack.packed import trim_cu_seqlens
+
+    n_meta = src.get("num_segments") or None
+    cup = trim_cu_seqlens(torch.as_tensor(np.asarray(src["cu_seqlens_padded"]) if not isinstance(
+        src["cu_seqlens_padded"], torch.Tensor) else src["cu_seqlens_padded"]).reshape(-1), n_meta)
+    n = int(cup.numel() - 1)
+    cu = trim_cu_seqlens(torch.as_tensor(np.asarray(src["cu_seqlens"]) if not isinstance(
+        src["cu_seqlens"], torch.Tensor) else src["cu_seqlens"]).reshape(-1), n)
+    out["cu_seqlens"], out["cu_seqlens_padded"] = cu.to(torch.int32), cup.to(torch.int32)
+    cu, cup = out["cu_seqlens"], out["cu_seqlens_padded"]
     T = int(cup[-1])
     for key in TOKEN_KEYS:
         if key not in src or src[key] is None:

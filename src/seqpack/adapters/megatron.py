@@ -60,10 +60,10 @@ def to_megatron(batch: Any, *, as_dataclass: bool = False) -> dict[str, Any]:
                 "boundary arrays or attention crosses documents (B02). Slice per-token fields only, keep "
                 "cu_seqlens/cu_seqlens_padded/max_seqlen from the full row."
             )
-        cu = torch.as_tensor(batch["cu_seqlens"]).reshape(-1).to(torch.int32)
-        cup = torch.as_tensor(batch["cu_seqlens_padded"]).reshape(-1).to(torch.int32)
-        n = int(batch.get("num_segments") or cup.numel() - 1)
-        cu, cup = cu[: n + 1].contiguous(), cup[: n + 1].contiguous()
+        from seqpack.packed import trim_cu_seqlens
+
+        cup = trim_cu_seqlens(torch.as_tensor(batch["cu_seqlens_padded"]).reshape(-1), batch.get("num_segments") or None)
+        cu = trim_cu_seqlens(torch.as_tensor(batch["cu_seqlens"]).reshape(-1), cup.numel() - 1)
         max_seqlen = int(batch["max_seqlen"]) if batch.get("max_seqlen") is not None else int((cup[1:] - cup[:-1]).max())
 
         def tok(k):
