@@ -229,3 +229,22 @@ def test_megatron_format():
     p = b["packed_seq_params"]
     assert p["qkv_format"] == "thd" and p["cu_seqlens_q"].tolist() == [0, 5, 8]
     assert p["cu_seqlens_kv_padded"].tolist() == [0, 8, 12] and p["max_seqlen_q"] == 8
+
+
+def test_hf_label_convention_features():
+    """Mapping features with HF (unshifted) labels, e.g. rows of an HF datasets.Dataset."""
+    samples = _samples((6, 4))
+    feats = []
+    for s in samples:
+        hf = np.full(s.length, IGN)
+        hf[1:] = s.labels[:-1]
+        feats.append({"input_ids": s.input_ids.tolist(), "labels": hf.tolist()})
+    a = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, label_convention="hf")(feats)
+    b = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(samples)
+    assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["input_ids"], b["input_ids"])
+    pa = PaddedCollator(pad_token_id=0, label_convention="hf")(feats)
+    pb = PaddedCollator(pad_token_id=0)(samples)
+    assert torch.equal(pa["labels"], pb["labels"]) and torch.equal(pa["shift_labels"], pb["shift_labels"])
+    # no labels at all: train on every next token
+    c = InBatchPackingCollator(pad_token_id=0)([{"input_ids": [4, 5, 6]}])
+    assert c["labels"][0].tolist() == [5, 6, IGN] and c["sample_ids"] == ["0"]

@@ -14,14 +14,17 @@ from seqpack.moe import load_balancing_loss, router_token_counts
 E, K, V = 8, 2, 256
 
 
-def _moe_model():
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+def _moe_model(kind="qwen3_moe"):
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=V, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1, mlp_only_layers=[],
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=512)
+    common = dict(vocab_size=V, hidden_size=64, num_experts_per_tok=K, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+    if kind == "mixtral":
+        cfg = MixtralConfig(intermediate_size=32, num_local_experts=E, **common)
+    else:
+        cfg = Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=32, num_experts=E, decoder_sparse_step=1,
+                             mlp_only_layers=[], head_dim=16, **common)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
 
 
@@ -61,8 +64,9 @@ def test_load_balancing_loss_matches_hf_with_attention_mask():
     assert abs(load_balancing_loss(layers, None, E, K).item() - ours.item()) > 1e-4
 
 
-def test_packed_router_stats_equal_one_by_one():
-    model = _moe_model()
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_packed_router_stats_equal_one_by_one(kind):
+    model = _moe_model(kind)
     samples = _samples((7, 12, 5, 9))
     batch = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, seq_length=48,
                                    force_to_pad_to_seq_len=True)(samples)
