@@ -491,3 +491,18 @@ def test_template_that_rewrites_content_is_an_error_not_silent(tmp_path, qwen3_t
     with pytest.raises(Exception, match="no end-of-turn marker"):
         prepare(p, _with_template(qwen3_tokenizer, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"),
                 seq_length=256)
+
+
+def test_template_without_tool_support_refuses_tool_records(tmp_path, qwen3_tokenizer):
+    p = write_jsonl(tmp_path / "d.jsonl", [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+         "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+                                                         "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "plain"}]},
+    ])
+    tok = _with_template(qwen3_tokenizer, _T.replace("FILTER", ""))
+    samples, rep = prepare(p, tok, seq_length=256, on_error="skip")
+    assert [s.index for s in samples] == [2]
+    assert [(e.index, e.reason) for e in rep.entries] == [(0, "template_unsupported"), (1, "template_unsupported")]
+    assert "tools" in rep.entries[0].detail and "tool_calls" in rep.entries[1].detail

@@ -233,6 +233,21 @@ def render_conversation(
         DataFormatError: the template raised (reason ``"template_error"``, e.g. roles that must
             alternate) or an assistant turn could not be located (``"template_span_mismatch"``).
     """
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else repr(template)
+    missing = []
+    if conv.tools and "tools" not in template:
+        missing.append("tools (the record's function schemas)")
+    if "tool_calls" not in template and any(m.get("tool_calls") for m in conv.messages):
+        missing.append("tool_calls (the assistant's function calls)")
+    if missing:
+        raise DataFormatError(
+            f"the chat template does not render {' or '.join(missing)}, so they would be lost silently.",
+            source=conv.source,
+            index=conv.index,
+            reason="template_unsupported",
+            fix="use a tokenizer whose chat template supports tool use, or drop the tool fields from the data.",
+        )
     try:
         text = tokenizer.apply_chat_template(
             conv.messages, tools=conv.tools, tokenize=False, **(chat_template_kwargs or {})
