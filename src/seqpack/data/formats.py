@@ -80,8 +80,9 @@ class DataFormatError(ValueError):
         line: 1-based line number for JSONL inputs, else ``None``.
         reason: short machine-readable key (``"malformed_json"``, ``"unknown_format"``,
             ``"empty_conversation"``, ``"no_assistant_turn"``, ``"unknown_role"``,
-            ``"bad_content_type"``, ``"missing_image"``, ``"image_placeholder_mismatch"``,
-            ``"template_span_mismatch"``, ...).
+            ``"bad_content_type"``, ``"bad_tool_call"``, ``"bad_tools"``, ``"missing_image"``,
+            ``"image_placeholder_mismatch"``, ``"bad_input"``; from rendering: ``"template_error"``,
+            ``"template_unsupported"``, ``"template_span_mismatch"``).
         fix: what the user should change.
     """
 
