@@ -81,6 +81,36 @@ def test_every_sample_exactly_once_and_packs_fit():
     assert 0 < p.stats["max_wait"] <= p.max_wait
 
 
+@settings(deadline=None, max_examples=60)
+@given(
+    lens=st.lists(st.integers(1, 300), min_size=0, max_size=250),
+    buf=st.integers(1, 64),
+    mult=st.sampled_from([1, 2, 8]),
+    drop_last=st.booleans(),
+    max_wait=st.integers(0, 3),
+    world=st.integers(1, 3),
+)
+def test_property_accounting(lens, buf, mult, drop_last, max_wait, world):
+    """Across ranks every sample is packed once or listed as dropped; no pack overflows; waits bounded."""
+    cap = 304
+    arr = np.asarray(lens, np.int64)
+    packed, dropped = [], []
+    for r in range(world):
+        p = StreamingPacker(arr, cap, packing_buffer_size=buf, output="indices", pad_to_multiple_of=mult,
+                            drop_last=drop_last, max_wait=max_wait, rank=r, world_size=world)
+        packs = list(p)
+        for pk in packs:
+            assert len(pk) >= 1
+            assert int((-(-arr[pk] // mult) * mult).sum()) <= cap
+        packed += keys_of(packs)
+        dropped += p.stats["dropped_last"]
+        assert p.stats["max_wait"] <= max_wait
+        assert p.stats["samples_packed"] == sum(len(pk) for pk in packs)
+        if not drop_last:
+            assert not p.stats["dropped_last"]
+    assert sorted(packed + dropped) == list(range(len(lens)))
+
+
 def test_pad_multiple_is_respected():
     cap, m = 1024, 64
     lens = lognormal_lengths(800, cap - m)
