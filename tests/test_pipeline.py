@@ -61,6 +61,11 @@ def test_embedded_sample_data_packs_and_reads_back(sample_pack, qwen3_tokenizer)
     assert tokens == m.counts["tokens"]
     assert m.packing_efficiency == pytest.approx(tokens / (m.num_packs * 1024), abs=1e-6)
     assert m.inputs[0]["path"].endswith("sample_chat.jsonl")
+    from seqpack.data import tokenizer_fingerprint
+
+    fp = tokenizer_fingerprint(qwen3_tokenizer)
+    assert (m.tokenizer_hash, m.chat_template_hash) == (fp["files_sha256"], fp["chat_template_sha256"])
+    assert m.tokenizer == "qwen3" and len(m.tokenizer_hash) == 64
     # the tool-calling record trains on the call and on the final answer, never on the tool result
     texts = {}
     for i in range(len(ds)):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from seqpack.io.fingerprint import compute_fingerprint, describe_input, hash_tokenizer
+from seqpack.io.fingerprint import compute_fingerprint, describe_input
 from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
 from seqpack.io.writer import PackedWriter, check_output_dir
 from seqpack.padding import compute_pad_multiple
@@ -134,30 +134,19 @@ def _validate_policies(**given: Any) -> None:
 
 
 def _tokenizer_hashes(tok: Any) -> tuple[str | None, str | None]:
-    try:  # the data module's fingerprint is the one source of truth when it is there
-        from seqpack.data.tokenizer import tokenizer_fingerprint  # type: ignore
-    except ImportError:
-        return hash_tokenizer(tok)
+    """``(tokenizer files sha256, chat template sha256)`` from ``seqpack.data.tokenizer_fingerprint``
+    (the one place tokenizers are identified)."""
+    from seqpack.data.tokenizer import tokenizer_fingerprint
+
     fp = tokenizer_fingerprint(tok)
-    if isinstance(fp, dict):
-        files = fp.get("tokenizer_hash") or fp.get("files") or fp.get("files_sha256")
-        chat = fp.get("chat_template_hash") or fp.get("chat_template") or fp.get("chat_template_sha256")
-        own_files, own_chat = hash_tokenizer(tok)
-        return files or own_files, chat or own_chat
-    if isinstance(fp, (tuple, list)) and len(fp) == 2:
-        return fp[0], fp[1]
-    _, chat = hash_tokenizer(tok)
-    return (str(fp) if fp is not None else None), chat
+    return fp.get("files_sha256"), fp.get("chat_template_sha256")
 
 
 def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
-    try:
-        from seqpack.data.formats import expand_inputs
+    """:func:`~seqpack.io.describe_input` of every input after glob expansion (as ``prepare`` reads them)."""
+    from seqpack.data.formats import expand_inputs
 
-        items = expand_inputs(list(inputs))
-    except ImportError:  # pragma: no cover - data module always present in a release
-        items = list(inputs)
-    return [describe_input(i) for i in items]
+    return [describe_input(i) for i in expand_inputs(list(inputs))]
 
 
 class _Stages:

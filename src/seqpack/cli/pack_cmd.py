@@ -160,26 +160,11 @@ def algorithms() -> None:
 
 
 def _describe(a) -> str:
-    for attr in ("description", "summary", "help"):
-        v = getattr(a, attr, None)
-        if callable(v):
-            v = v()
-        if isinstance(v, str) and v:
-            return v.strip().splitlines()[0]
-    try:
-        from seqpack import algorithms as _alg
-
-        for name in ("ALGORITHM_DESCRIPTIONS", "DESCRIPTIONS"):
-            d = getattr(_alg, name, None)
-            if isinstance(d, dict):
-                v = d.get(a) or d.get(a.value)
-                if v:
-                    return str(v).strip().splitlines()[0]
-    except ImportError:  # pragma: no cover
-        pass
-    # Fall back to PackingAlgorithm's docstring (its one source of truth), in either layout:
-    #   * ``member`` [(default)]: text, continued on indented lines            (bullet list)
-    #   ``member`` [(default)]   optimises   complexity   origin               (RST table row)
+    """One-line description of a ``PackingAlgorithm``: its ``description`` attribute when it has one,
+    else its bullet in the enum's docstring (``* ``member`` [(default)]: text`` + indented lines)."""
+    v = getattr(a, "description", None)
+    if isinstance(v, str) and v.strip():
+        return " ".join(v.split())
     import re
 
     lines = (type(a).__doc__ or "").splitlines()
@@ -193,12 +178,4 @@ def _describe(a) -> str:
                     break
                 text += " " + stripped
             return text
-        mt = re.match(r"^\s*``(\w+)``(?:\s*\(default\))?\s{2,}(.+?)\s{2,}(\S+(?: \S+)*)\s{2,}(.+)$", line)
-        if mt and mt.group(1) == a.value:
-            origin = mt.group(4).strip()
-            for cont in lines[k + 1 :]:  # wrapped last column: deeply indented continuation lines
-                if not cont.startswith(" " * 40) or not cont.strip() or cont.strip().startswith(("``", "=")):
-                    break
-                origin += " " + cont.strip()
-            return f"{mt.group(2).strip()}; {mt.group(3).strip()}; {origin}"
     return ""

@@ -4,11 +4,11 @@ Public API:
     write_packed, PackedWriter   -- write packs atomically (temp dir, fsync, rename; metadata last)
     load_packed, PackedDataset   -- map-style dataset of PackedSequence, with ``expect=`` staleness check
     PackedMetadata, ShardInfo    -- ``metadata.json`` contents
-    compute_fingerprint, describe_input, hash_tokenizer -- content hashes
+    compute_fingerprint, describe_input, sha256_file    -- content hashes
     PackedDatasetError, StalePackedDatasetError         -- errors
 """
 
-from seqpack.io.fingerprint import compute_fingerprint, describe_input, hash_tokenizer, sha256_file
+from seqpack.io.fingerprint import compute_fingerprint, describe_input, sha256_file
 from seqpack.io.metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -37,7 +37,6 @@ __all__ = [
     "check_output_dir",
     "compute_fingerprint",
     "describe_input",
-    "hash_tokenizer",
     "load_packed",
     "sha256_file",
     "write_packed",
