@@ -89,6 +89,10 @@ class TrainConfig:
         loss_tolerance: max |loss delta| (nats, token mean) vs the padded reference.
         compact_vocab: remap token ids to the ones present (tiny configs only).
         packing_buffer_size: streaming packer buffer.
+        autocast_dtype: ``"bfloat16"`` = mixed precision (``torch.autocast``) over ``dtype`` weights
+            (fp32 master weights, bf16 matmuls: the usual GPU recipe); ``None`` = off.
+        vocab_size: vocabulary of a tiny config when ``compact_vocab`` is off (default: max id + 1).
+        max_samples: use only the first samples (``None`` = all).
         out_dir: where ``train.json``, ``train_loss.png`` and ``train_throughput.png`` go (None = nowhere).
         progress: show a rich progress bar.
     """
@@ -112,6 +116,9 @@ class TrainConfig:
     loss_tolerance: float = 1e-3
     compact_vocab: bool = True
     packing_buffer_size: int = 1000
+    autocast_dtype: str | None = None
+    vocab_size: int | None = None
+    max_samples: int | None = None
     out_dir: str | None = "bench_results"
     progress: bool = True
 
@@ -325,7 +332,7 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
         log(f"data: {data}")
         samples, _ = prepare([data], tok, seq_length=cfg.seq_length)
         pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    samples = list(samples)
+    samples = list(samples)[: cfg.max_samples]
     if not samples:
         raise ValueError("no samples to train on")
     too_long = [s.sample_id for s in samples if s.length > cfg.seq_length]
@@ -338,7 +345,7 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
             samples, vocab, pad_token_id = compact_vocabulary(samples, pad_token_id)
         else:
             vocab = int(max(int(np.max(s.input_ids)) for s in samples) + 1)
-            vocab = max(vocab, pad_token_id + 1)
+            vocab = max(vocab, pad_token_id + 1, cfg.vocab_size or 0)
     lengths = np.array([s.length for s in samples], np.int64)
     plan = plan_steps(lengths, cfg.seq_length, algorithm=cfg.algorithm, seed=cfg.seed)
     n_steps = len(plan) if cfg.steps is None else min(cfg.steps, len(plan))
@@ -389,6 +396,8 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
                         TimeElapsedColumn(), transient=False)
     else:
         prog = None
+    amp = (torch.autocast(device_type=cfg.device.split(":")[0], dtype=getattr(torch, cfg.autocast_dtype))
+           if cfg.autocast_dtype else nullcontext())
     with (prog if prog is not None else nullcontext()):
         task = prog.add_task("", total=total) if prog else None
         for k in range(max(len(r.steps) for r in runs)):
@@ -401,7 +410,8 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
                 t0 = time.perf_counter()
                 kind, batch, slots = _step_inputs(r.name, ss, r.rows[k] if r.rows else None, pad_token_id,
                                                   cfg.attn_implementation)
-                loss, count = _forward_loss(r.model, kind, batch, cfg.device)
+                with amp:
+                    loss, count = _forward_loss(r.model, kind, batch, cfg.device)
                 loss.backward()
                 r.opt.step()
                 r.opt.zero_grad(set_to_none=True)

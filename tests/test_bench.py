@@ -1,0 +1,145 @@
+"""seqpack.bench: timing helpers, the LLaMA-Factory reference, and each benchmark in a tiny mode
+(proves it runs and that its JSON has the right keys and sane values; no speed is asserted here)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from seqpack.bench import references as ref
+from seqpack.bench.timing import Timing, timed, write_json
+
+
+def test_timed_returns_median_of_repeats_and_last_result():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return len(calls)
+
+    res, t = timed(fn, repeats=3, warmup=2)
+    assert res == 5 and len(calls) == 5  # 2 untimed + 3 timed, last result returned
+    assert isinstance(t, Timing) and t.repeats == 3 and len(t.walls_s) == 3
+    assert t.wall_s == sorted(t.walls_s)[1] and t.wall_s >= 0 and t.cpu_s >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        timed(fn, repeats=0)
+
+
+def test_write_json_converts_numpy_and_non_finite(tmp_path):
+    p = write_json(tmp_path / "a" / "x.json", {"n": np.int64(3), "v": np.array([1.5, 2.0]), "bad": float("nan")})
+    data = json.loads(p.read_text())
+    assert data["n"] == 3 and data["v"] == [1.5, 2.0] and data["bad"] is None
+    assert data["machine"]["cpu_count"] >= 1 and "utc" in data["machine"]
+
+
+def test_llamafactory_reference_known_example():
+    # sorted ascending [1,2,3,4,5]; pack 1 takes 5 then 3 (fills 8); pack 2 takes 4, 2, 1
+    packs = ref.llamafactory_greedy_knapsack([5, 4, 3, 2, 1], 8)
+    assert [sorted(p) for p in packs] == [[0, 2], [1, 3, 4]]
+    with pytest.raises(ValueError, match="capacity"):
+        ref.llamafactory_greedy_knapsack([9], 8)
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.integers(1, 64), min_size=0, max_size=80), st.integers(64, 200))
+def test_llamafactory_reference_places_every_index_once_within_capacity(lengths, cap):
+    packs = ref.llamafactory_greedy_knapsack(lengths, cap)
+    flat = sorted(i for p in packs for i in p)
+    assert flat == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in p) <= cap for p in packs)
+    assert all(p for p in packs)
+    if lengths:
+        assert len(packs) >= math.ceil(sum(lengths) / cap)
+
+
+def test_bench_algorithms_tiny(tmp_path):
+    from seqpack.bench.algorithms import run_algorithms
+
+    out = run_algorithms([3000], repeats=1, out_dir=tmp_path, trl=ref.trl_available(), log=lambda _m: None)
+    data = json.loads((tmp_path / "algorithms.json").read_text())
+    assert data["benchmark"] == "algorithms" and data["sizes"] == [3000]
+    progs = {r["program"] for r in data["results"]}
+    assert "seqpack balanced_best_fit (default)" in progs and ref.LLAMAFACTORY_NAME in progs
+    if ref.trl_available():
+        assert {"trl pack_dataset bfd", "trl pack_dataset wrapped"} <= progs
+    for r in data["results"]:
+        assert r["n"] == 3000 and r["bins"] >= r["lower_bound_l2"] >= r["lower_bound_l1"] > 0
+        assert 0 < r["utilization"] <= 1 and r["load_spread"] >= 0 and r["cpu_s"] >= 0 and r["repeats"] >= 1
+        if not r["breaks_samples"]:  # every sample placed whole: utilization = sum / (bins * C)
+            assert r["bins"] * r["utilization"] * 4096 == pytest.approx(out["results"][0]["bins"]
+                                                                       * out["results"][0]["utilization"] * 4096,
+                                                                       rel=1e-4)
+    assert all({"goal", "pass", "info"} <= set(g) for g in data["goals"])
+    assert (tmp_path / "algorithms_time.png").stat().st_size > 1000
+    assert (tmp_path / "algorithms_bins.png").stat().st_size > 1000
+
+
+def test_synthetic_chat_is_deterministic_openai_jsonl(tmp_path):
+    from seqpack.bench.prepare import write_synthetic_chat
+
+    a = write_synthetic_chat(tmp_path / "a.jsonl", 50, seed=3).read_text()
+    b = write_synthetic_chat(tmp_path / "b.jsonl", 50, seed=3).read_text()
+    assert a == b
+    recs = [json.loads(line) for line in a.splitlines()]
+    assert len(recs) == 50
+    for r in recs:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles[-1] == "assistant" and "user" in roles and all(m["content"] for m in r["messages"])
+    with pytest.raises(ValueError, match="records"):
+        write_synthetic_chat(tmp_path / "c.jsonl", 0)
+
+
+def test_bench_prepare_tiny_real_and_synthetic(tmp_path, shared_data, qwen3_tokenizer):
+    from seqpack.bench.prepare import run_prepare
+
+    sub = tmp_path / "data" / "llama-factory"
+    sub.mkdir(parents=True)
+    (sub / "identity.json").write_bytes((shared_data / "llama-factory" / "identity.json").read_bytes())
+    use_trl = ref.trl_available()
+    data = run_prepare(shared_data=tmp_path / "data", records=120, seq_length=1024, repeats=1,
+                       out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer, trl=use_trl, log=lambda _m: None)
+    on_disk = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    assert on_disk["benchmark"] == "prepare" and [e["dataset"] for e in on_disk["datasets"]] == [
+        "llama-factory/identity.json", "synthetic_chat (120 records)"]
+    ident, syn = data["datasets"]
+    assert ident["seqpack"]["samples"] == 91 and syn["seqpack"]["samples"] == 120
+    for e in data["datasets"]:
+        s = e["seqpack"]
+        assert 0 < s["efficiency"] <= 1 and s["packs"] >= 1 and 0 < s["trainable_tokens"] < s["tokens"]
+        assert s["wall_s"] > 0
+        if use_trl:
+            t = e["trl"]
+            assert t["samples"] == s["samples"] and 0 < t["efficiency"] <= 1
+            assert 0 < t["trainable_tokens"] < t["tokens"]  # TRL got assistant masks too
+            assert abs(t["tokens"] - s["tokens"]) / s["tokens"] < 0.1  # same data, similar templates
+            assert e["speedup_wall"] > 0
+    assert (tmp_path / "out" / "prepare_time.png").stat().st_size > 1000
+    assert not list((tmp_path / "out").glob("_prepare_work*"))  # scratch removed
+
+
+def _cli():
+    import seqpack.cli.bench_cmd  # noqa: F401 - registers `bench` on the app
+    from seqpack.cli.app import app
+
+    return app
+
+
+def test_cli_bench_algorithms_and_bad_sizes(tmp_path):
+    app = _cli()
+    r = CliRunner().invoke(app, ["bench", "algorithms", "--sizes", "2000", "--repeats", "1", "--no-trl",
+                                 "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "seqpack balanced_best_fit" in r.output and (tmp_path / "algorithms.json").is_file()
+    bad = CliRunner().invoke(app, ["bench", "algorithms", "--sizes", "ten", "--out", str(tmp_path)])
+    assert bad.exit_code == 2
+
+
+def test_cli_bench_stream_missing_script(tmp_path):
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py")])
+    assert r.exit_code == 1

@@ -1,0 +1,101 @@
+"""seqpack.train (the reference loop) and benchmarks/gpu/run.sh --dry-run, at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from seqpack.train import TrainConfig, compact_vocabulary, plan_steps, run_training, synthetic_samples
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, progress=False)
+
+
+def test_compact_vocabulary_is_a_bijection_on_used_ids():
+    s = synthetic_samples(5, vocab_size=5000, seed=1, median=20, max_length=40)
+    out, v, pad = compact_vocabulary(s, pad_token_id=4999)
+    used = np.unique(np.concatenate([x.input_ids for x in s] + [np.array([4999])]))
+    assert v == used.shape[0] and pad == v - 1
+    for a, b in zip(s, out):
+        assert np.array_equal(used[b.input_ids], a.input_ids)  # invertible
+        assert np.array_equal(b.labels == -100, a.labels == -100)
+        keep = a.labels >= 0
+        assert np.array_equal(used[b.labels[keep]], a.labels[keep])
+
+
+def test_plan_steps_places_every_sample_once():
+    lens = np.array([5, 60, 7, 33, 64, 1, 20])
+    steps = plan_steps(lens, 64, seed=0)
+    assert sorted(np.concatenate(steps).tolist()) == list(range(7))
+    assert all(lens[b].sum() <= 64 for b in steps)
+
+
+def test_all_modes_same_loss_curve_on_same_samples(tmp_path):
+    samples = synthetic_samples(80, vocab_size=300, seed=0, median=25, max_length=100)
+    cfg = TrainConfig(steps=4, seq_length=128, out_dir=str(tmp_path), warmup_steps=1, **TINY)
+    res = run_training(samples, cfg, pad_token_id=0, log=lambda _m: None)
+    modes = res["modes"]
+    assert set(modes) == {"padded", "packed", "in_batch", "streaming", "padded_stream"}
+    for name in ("packed", "in_batch"):
+        m = modes[name]
+        assert m["same_samples_as_reference"] and m["reference"] == "padded"
+        assert m["real_tokens"] == modes["padded"]["real_tokens"]
+        assert m["max_abs_loss_delta"] < 1e-4  # fp32: identical maths up to kernel rounding
+        assert m["padding_fraction"] == 0.0 and m["ideal_ratio"] > 1.0
+        assert m["speedup_vs_reference"] > 0
+    st = modes["streaming"]
+    assert st["reference"] == "padded_stream" and st["same_samples_as_reference"]
+    assert st["max_abs_loss_delta"] < 1e-4
+    assert modes["padded"]["padding_fraction"] > 0
+    assert all(len(m["losses"]) == 4 and all(np.isfinite(m["losses"])) for m in modes.values())
+    on_disk = json.loads((tmp_path / "train.json").read_text())
+    assert on_disk["data"]["steps"] == 4 and len(on_disk["goals"]) == 6
+    assert (tmp_path / "train_loss.png").stat().st_size > 1000
+    assert (tmp_path / "train_throughput.png").stat().st_size > 1000
+
+
+def test_train_errors_name_the_problem():
+    s = synthetic_samples(4, vocab_size=50, seed=0, median=30, max_length=60)
+    with pytest.raises(ValueError, match="unknown mode"):
+        run_training(s, TrainConfig(modes=("padded", "fast"), out_dir=None, **TINY))
+    with pytest.raises(ValueError, match="longer than seq_length=8"):
+        run_training(s, TrainConfig(seq_length=8, out_dir=None, **TINY))
+    with pytest.raises(FileNotFoundError, match="local folder"):
+        run_training(s, TrainConfig(model="/nonexistent/model", seq_length=64, out_dir=None, **TINY))
+
+
+def test_cli_train_on_a_data_file(tmp_path, qwen3_tokenizer):
+    import seqpack.cli.train_cmd  # noqa: F401 - registers `train`
+    from seqpack.cli.app import app
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"question {i} " * (i % 5 + 1)},
+                                                       {"role": "assistant", "content": f"answer {i} " * (i % 7 + 2)}]})
+                              for i in range(24)) + "\n")
+    r = CliRunner().invoke(app, ["train", "--mode", "padded,packed", "--data", str(data), "--steps", "2",
+                                 "--seq-length", "128", "--hidden-size", "32", "--intermediate-size", "64",
+                                 "--num-layers", "1", "--no-progress", "--warmup-steps", "0", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "train.json").read_text())
+    assert set(res["modes"]) == {"padded", "packed"} and res["data"]["samples"] == 24
+    bad = CliRunner().invoke(app, ["train", "--mode", "warp"])
+    assert bad.exit_code == 2
+
+
+def test_gpu_run_sh_dry_run(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu" / "run.sh"), "--dry-run", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "speed-up packed/padded" in p.stdout and "max loss delta" in p.stdout
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["device"] == "cpu (dry run)" and res["steps"] == 3
+    assert res["max_loss_delta"] < 1e-4 and res["speedup"] > 0 and res["ideal_ratio"] >= 1.0
+    assert set(res["goals"]) == {"speedup_ge_2x", "max_loss_delta_lt_1e-3"}
