@@ -119,8 +119,14 @@ def test_padded_collator_baseline():
 def test_collator_errors_name_samples_and_keys():
     with pytest.raises(ValueError, match=r"needs 12 slots.*seq_length=8.*s0:5->8, s1:3->4"):
         InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, seq_length=8)(_samples((5, 3)))
-    with pytest.raises(ValueError, match="seq_length=10 is not divisible by pad_to_multiple_of=4"):
+    with pytest.raises(ValueError, match="seq_length=10 is not divisible by the pad multiple 4"):
         InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, seq_length=10)
+    with pytest.raises(ValueError, match="pad_to_multiple_of=3, context_parallel_size=2"):
+        InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=3, context_parallel_size=2, seq_length=36 + 6)
+    cp = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=3, context_parallel_size=2)(_samples((5, 13)))
+    assert cp["cu_seqlens_padded"].tolist() == [0, 12, 36]  # lcm(3, 2*2) = 12
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be an integer >= 1"):
+        InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="needs seq_length"):
         InBatchPackingCollator(pad_token_id=0, force_to_pad_to_seq_len=True)
     with pytest.raises(ValueError, match="attn_implementation=model.config._attn_implementation"):

@@ -444,13 +444,16 @@ class PackedCollator:
 class InBatchPackingCollator:
     """Pack a micro-batch of unpacked samples into one THD row at collate time.
 
-    Each sample becomes a segment padded to ``round_up(len, pad_to_multiple_of)`` (use
-    ``seqpack.padding.compute_pad_multiple`` for CP/TP, the one source of truth); labels stay
+    Each sample becomes a segment padded to ``round_up(len, multiple)`` (``multiple`` from
+    ``compute_pad_multiple``, see ``context_parallel_size``); labels stay
     shifted per sample so none crosses a boundary (B03); positions restart per segment.
 
     Args:
         pad_token_id: id written into padding slots (never used to find lengths).
-        pad_to_multiple_of: per-segment multiple (>= 1).
+        pad_to_multiple_of: user per-segment multiple (>= 1).
+        context_parallel_size: CP size; the multiple actually used is
+            ``seqpack.padding.compute_pad_multiple(pad_to_multiple_of, context_parallel_size)``
+            (``lcm`` with ``2*CP``, Transformer Engine's THD CP rule), the one source of truth.
         seq_length: optional capacity; a micro-batch whose padded total exceeds it raises.
         force_to_pad_to_seq_len: pad the row to exactly ``seq_length`` with the tail as its own
             empty segment (module docstring; Megatron-Bridge's VLM layout). Requires ``seq_length``
@@ -465,16 +468,18 @@ class InBatchPackingCollator:
 
     def __init__(self, pad_token_id: int, *, pad_to_multiple_of: int = 1, seq_length: int | None = None,
                  force_to_pad_to_seq_len: bool = False, format: str = "thd",
-                 attn_implementation: str | None = None, mask_dtype=None, label_convention: str = "shifted"):
+                 attn_implementation: str | None = None, mask_dtype=None, label_convention: str = "shifted",
+                 context_parallel_size: int = 1):
+        from seqpack.padding import compute_pad_multiple
+
         _check_format(format, attn_implementation)
-        m = int(pad_to_multiple_of)
-        if m != pad_to_multiple_of or m < 1:
-            raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
+        m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
         if force_to_pad_to_seq_len and seq_length is None:
             raise ValueError("force_to_pad_to_seq_len=True needs seq_length")
         if seq_length is not None and seq_length % m:
             raise ValueError(
-                f"seq_length={seq_length} is not divisible by pad_to_multiple_of={m}; pick a multiple of {m}")
+                f"seq_length={seq_length} is not divisible by the pad multiple {m} (pad_to_multiple_of="
+                f"{pad_to_multiple_of}, context_parallel_size={context_parallel_size}); pick a multiple of {m}")
         if label_convention not in ("shifted", "hf"):
             raise ValueError(f"label_convention must be 'shifted' or 'hf', got {label_convention!r}")
         self.pad_token_id = int(pad_token_id)
