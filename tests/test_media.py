@@ -198,16 +198,15 @@ def test_mixed_text_image_packs_carry_aligned_media(qwen3_tokenizer, vt, proc, s
 
     tok = qwen3_tokenizer
     lf = shared_data / "lmms-finetune"
-    files = [shared_data / "llama-factory" / "mllm_demo.json", lf / "single_image_has_text_only.json",
-             lf / "multi_images.json", lf / "celeba_image_eval.json"]
+    files = [shared_data / "llama-factory" / "mllm_demo.json"] + sorted(lf.glob("*.json"))  # every VLM file
     samples, rep = prepare_multimodal(files, tok, seq_length=1024, image_processor=SMALL)
-    assert rep.records_read == 6 + 4 + 2 + 10
+    assert rep.records_read == 6 + 10 + 90 + 2 + 2 + 4
     assert len(samples) + len(rep.entries) - rep.count("truncated") == rep.records_read
     with_img = [s for s in samples if s.media and "image_grid_thw" in s.media]
-    assert len(with_img) == 6 + 2 + 2 + 10 and len(samples) - len(with_img) == 2
+    assert len(with_img) == 6 + 10 + 90 + 2 + 2 + 2 and len(samples) - len(with_img) == 2
     for s in with_img:
         assert [r[1] for r in image_runs(s.input_ids, vt)] == s.meta["image_tokens"]
-    packer = StreamingPacker(samples, 1024, packing_buffer_size=8, pad_to_multiple_of=8,
+    packer = StreamingPacker(samples, 1024, packing_buffer_size=32, pad_to_multiple_of=8,
                              pad_token_id=tok.pad_token_id, output="packed", seed=0)
     packs = list(packer)
     assert sorted(sid for pk in packs for sid in pk.sample_ids) == sorted(s.sample_id for s in samples)
