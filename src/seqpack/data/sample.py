@@ -95,7 +95,8 @@ class SampleRecord:
     """Accounting entry for one input record that was not packed as-is.
 
     ``status`` is one of ``"dropped"``, ``"skipped"`` (bad input with ``on_error=skip``),
-    ``"truncated"``, ``"split"``; ``reason`` is a short machine-readable key (e.g. ``"overlength"``,
+    ``"truncated"``, ``"split"``, ``"kept"`` (no trainable token but kept on request,
+    ``keep_untrainable=True``); ``reason`` is a short machine-readable key (e.g. ``"overlength"``,
     ``"no_trainable_tokens"``, ``"malformed_json"``) and ``detail`` the human message.
     """
 
