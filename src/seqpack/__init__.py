@@ -1,8 +1,51 @@
-"""seqpack: sequence packing for LLM and VLM supervised fine-tuning."""
+"""seqpack: sequence packing for LLM and VLM supervised fine-tuning.
+
+The names below are importable from ``seqpack`` directly. The algorithms are imported eagerly (numpy +
+numba only); the data pipeline and the packed-dataset reader are imported on first use, so
+``import seqpack`` does not pull in transformers, pyarrow or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from seqpack.algorithms import PackingAlgorithm, PackingPlan, pack_lengths  # noqa: E402,F401
-from seqpack.padding import compute_pad_multiple  # noqa: E402,F401
+from seqpack.algorithms import PackingAlgorithm, PackingPlan, pack_lengths  # noqa: E402
+from seqpack.padding import compute_pad_multiple  # noqa: E402
 
-__all__ = ["PackingAlgorithm", "PackingPlan", "pack_lengths", "compute_pad_multiple", "__version__"]
+_LAZY = {
+    "pack_dataset": "seqpack.pipeline",
+    "PackResult": "seqpack.pipeline",
+    "load_packed": "seqpack.io",
+    "write_packed": "seqpack.io",
+    "PackedDataset": "seqpack.io",
+    "PackedSequence": "seqpack.packed",
+    "build_packed_sequence": "seqpack.packed",
+    "prepare": "seqpack.data",
+    "load_tokenizer": "seqpack.data",
+    "Sample": "seqpack.data.sample",
+    "PackingConfig": "seqpack.config",
+}
+
+__all__ = [
+    "PackingAlgorithm",
+    "PackingPlan",
+    "pack_lengths",
+    "compute_pad_multiple",
+    "__version__",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'seqpack' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
