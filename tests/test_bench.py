@@ -143,3 +143,18 @@ def test_cli_bench_algorithms_and_bad_sizes(tmp_path):
 def test_cli_bench_stream_missing_script(tmp_path):
     r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py")])
     assert r.exit_code == 1
+
+
+def test_stream_wrapper_records_output_and_goals(tmp_path):
+    from seqpack.bench.stream import run_stream
+
+    script = tmp_path / "fake_bench.py"
+    script.write_text("import sys\nprint('table')\nprint('PASS  goal one: 3x')\nprint('MISS  goal two')\n"
+                      "sys.exit(0 if '--quick' in sys.argv else 4)\n")
+    res = run_stream(quick=True, script=script, out_dir=tmp_path, echo=False)
+    assert res["returncode"] == 0 and res["goals"] == [{"goal": "goal one: 3x", "pass": True},
+                                                       {"goal": "goal two", "pass": False}]
+    assert json.loads((tmp_path / "stream.json").read_text())["output"].startswith("table")
+    assert run_stream(script=script, out_dir=tmp_path, echo=False)["returncode"] == 4
+    with pytest.raises(FileNotFoundError, match="not found"):
+        run_stream(script=tmp_path / "missing.py", out_dir=tmp_path)

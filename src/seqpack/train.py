@@ -98,12 +98,12 @@ class TrainConfig:
     """
 
     modes: Sequence[str] = MODES
-    steps: int | None = 40
+    steps: int | None = 100
     seq_length: int = 512
     model: str = "tiny-qwen3"
-    hidden_size: int = 256
+    hidden_size: int = 128
     num_layers: int = 2
-    intermediate_size: int = 1024
+    intermediate_size: int = 512
     num_heads: int = 4
     num_kv_heads: int = 2
     attn_implementation: str = "sdpa"
@@ -422,7 +422,9 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
                 r.slots.append(slots)
                 r.loss_tokens.append(count)
                 if prog:
-                    prog.update(task, advance=1, description=f"{r.name:>13s} step {k + 1} loss {r.losses[-1]:.4f}")
+                    prog.update(task, advance=1, description=(
+                        f"{r.name:>13s} step {k + 1} loss {r.losses[-1]:.4f} "
+                        f"{r.real[-1] / r.times[-1]:,.0f} real tok/s, pad {1 - r.real[-1] / r.slots[-1]:.1%}"))
     return _summarise(runs, cfg, samples, lengths, n_steps, vocab, log)
 
 

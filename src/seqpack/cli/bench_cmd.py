@@ -6,8 +6,6 @@ Each command prints its tables and PASS/MISS lines and writes ``<name>.json`` pl
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -91,11 +89,13 @@ def prepare(
 def stream(
     quick: bool = typer.Option(False, "--quick", help="Pass --quick to benchmarks/bench_stream.py."),
     script: Optional[Path] = typer.Option(None, help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
+    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for stream.json."),
 ) -> None:
-    """Run the streaming-packer benchmark (benchmarks/bench_stream.py) and relay its exit code."""
-    path = script or _repo_root() / "benchmarks" / "bench_stream.py"
-    if not path.is_file():
-        _fail(f"streaming benchmark not found at {path}; pass --script PATH (it ships in the source tree, "
-              "not in the wheel)", 1)
-    cmd = [sys.executable, str(path)] + (["--quick"] if quick else [])
-    raise typer.Exit(subprocess.call(cmd))
+    """Run the streaming-packer benchmark (benchmarks/bench_stream.py), save stream.json, relay its exit code."""
+    from seqpack.bench.stream import run_stream
+
+    try:
+        res = run_stream(quick=quick, script=script, out_dir=out)
+    except FileNotFoundError as exc:
+        _fail(str(exc), 1)
+    raise typer.Exit(res["returncode"])
