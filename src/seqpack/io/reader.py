@@ -70,7 +70,9 @@ class _Shard:
         self.table = table
         self.num_rows = table.num_rows
         self.cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for name in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded"):
+        for name in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "final_target_segments"):
+            if name not in table.column_names:  # optional column (absent in hand-made shards)
+                continue
             col = table.column(name)
             arr = col.chunk(0) if col.num_chunks else pa.array([], col.type)
             offsets = arr.offsets.to_numpy()
@@ -195,12 +197,17 @@ class PackedDataset:
 
         c = self.columns(i)
         m = self.metadata
+        has_final_target = None
+        if "final_target_segments" in c:
+            has_final_target = np.zeros(len(c["cu_seqlens"]) - 1, dtype=bool)
+            has_final_target[np.asarray(c["final_target_segments"], dtype=np.int64)] = True
         return PackedSequence.from_boundaries(
             c["input_ids"],
             c["labels"],
             np.array(c["cu_seqlens"]),  # small: writable copies (torch.from_numpy warns on read-only maps)
             np.array(c["cu_seqlens_padded"]),
             sample_ids=c["sample_ids"],
+            has_final_target=has_final_target,
             extra={
                 "pad_to_multiple_of": m.effective_pad_multiple,
                 "seq_length": m.seq_length,

@@ -42,13 +42,17 @@ __all__ = ["COLUMNS", "SCHEMA", "PackedWriter", "write_packed", "check_output_di
 
 #: Arrow schema of one row (one pack). ``labels`` are shifted per segment (packed-batch-spec.md);
 #: ``cu_seqlens`` are logical (real-token) boundaries, ``cu_seqlens_padded`` physical ones (last == T);
-#: ``num_tokens`` = real tokens in the pack, ``num_trainable`` = labels != -100.
+#: ``num_tokens`` = real tokens in the pack, ``num_trainable`` = labels != -100;
+#: ``final_target_segments`` = indices of the segments whose last real slot carries an explicit final
+#: target (a truncated sample keeps the first dropped token, case B12). Storing it lets the reader tell
+#: such a label from one that crosses into the next segment (case B03), which ``validate()`` rejects.
 SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("labels", pa.list_(pa.int32())),
         pa.field("cu_seqlens", pa.list_(pa.int32())),
         pa.field("cu_seqlens_padded", pa.list_(pa.int32())),
+        pa.field("final_target_segments", pa.list_(pa.int32())),
         pa.field("sample_ids", pa.list_(pa.string())),
         pa.field("num_tokens", pa.int32()),
         pa.field("num_trainable", pa.int32()),
@@ -148,11 +152,16 @@ def _row_arrays(row: Any) -> dict[str, Any]:
     sample_ids = [str(s) for s in (row.sample_ids or [])]
     if len(sample_ids) != n:
         raise ValueError(f"row has {n} segments but {len(sample_ids)} sample_ids")
+    hft = (getattr(row, "extra", None) or {}).get("has_final_target")
+    if hft is None:  # duck-typed row without the flag: a non -100 last real label is a final target
+        hft = labels[cu[1:] - 1] != -100 if n else np.zeros(0, dtype=bool)
+    final_segments = np.flatnonzero(np.asarray(hft, dtype=bool)[:n]).astype(np.int32)
     return {
         "input_ids": ids.astype(np.int32, copy=False),
         "labels": labels.astype(np.int32, copy=False),
         "cu_seqlens": cu.astype(np.int32, copy=False),
         "cu_seqlens_padded": cup.astype(np.int32, copy=False),
+        "final_target_segments": final_segments,
         "sample_ids": sample_ids,
         "num_tokens": int(cu[-1]),
         "num_trainable": int(np.count_nonzero(labels != -100)),
@@ -241,6 +250,7 @@ class PackedWriter:
                 _list_array(self._buf["labels"]),
                 _list_array(self._buf["cu_seqlens"]),
                 _list_array(self._buf["cu_seqlens_padded"]),
+                _list_array(self._buf["final_target_segments"]),
                 pa.array(self._buf["sample_ids"], pa.list_(pa.string())),
                 pa.array(self._buf["num_tokens"], pa.int32()),
                 pa.array(self._buf["num_trainable"], pa.int32()),
