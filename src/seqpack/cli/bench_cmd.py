@@ -45,7 +45,7 @@ def algorithms(
     sizes: str = typer.Option("100000,1000000", help="Numbers of lengths, comma separated."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
     capacity: int = typer.Option(4096, min=1, help="Tokens per pack."),
-    max_reference_n: int = typer.Option(200_000, "--max-reference-n",
+    max_reference_n: int = typer.Option(1_000_000, "--max-reference-n",
                                         help="Largest n for the O(n^2) LLaMA-Factory reference."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
     quick: bool = typer.Option(False, "--quick", help="n=20,000 and 2 repeats (seconds)."),
