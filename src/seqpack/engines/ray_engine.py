@@ -61,7 +61,7 @@ def require_ray():
     try:
         import ray
         import ray.data  # noqa: F401
-    except ImportError as e:  # pragma: no cover - exercised by monkeypatching in tests
+    except ImportError as e:
         raise ImportError(RAY_INSTALL_HINT) from e
     return ray
 
@@ -162,6 +162,23 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+def _pack_exc(e: BaseException) -> bytes:
+    """Serialise an exception so the driver can re-raise it with the same type, message and attributes
+    (plain pickling re-runs ``__init__`` with the formatted message and can change it)."""
+    try:
+        return pickle.dumps((type(e), e.args, dict(e.__dict__)), protocol=5)
+    except Exception:  # unpicklable attribute: keep type name and message
+        return pickle.dumps((RuntimeError, (f"{type(e).__name__}: {e}",), {}), protocol=5)
+
+
+def _unpack_exc(blob: bytes) -> BaseException:
+    cls, args, state = pickle.loads(blob)
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
 # ----------------------------------------------------------------------------------- ray UDFs
 
 
@@ -216,10 +233,14 @@ class _ShardWorker:
 
         s = self.s
         item = self.items[k]
-        samples, report = prepare(
-            [item], self.tok, seq_length=s["seq_length"], overlength=s["overlength"], on_error=s["on_error"],
-            train_on=s["train_on"], format=s["format"],
-        )
+        try:
+            samples, report = prepare(
+                [item], self.tok, seq_length=s["seq_length"], overlength=s["overlength"], on_error=s["on_error"],
+                train_on=s["train_on"], format=s["format"],
+            )
+        except Exception as e:  # bad input: hand the error itself to the driver (Ray keeps only its text)
+            summary = pickle.dumps({"error": _pack_exc(e)}, protocol=5)
+            return _rows_table(pa, _KIND_SHARD, k, np.array([-1]), {}, summary)
         # prepare() names a lone input by its file name; the driver's name may be the full path
         # (when two inputs share a file name): rewrite the prefix so ids equal the local engine's.
         default = _display_names([item])[0]
@@ -499,6 +520,9 @@ def pack_dataset_ray(
         stages("prepare", len(items), len(items))
         from seqpack.data.sample import PrepareReport
 
+        for k in range(len(items)):  # the first bad shard in input order, as the local engine would
+            if "error" in summaries[k]:
+                raise _unpack_exc(summaries[k]["error"])
         report = PrepareReport()
         shard_lengths = []
         for k in range(len(items)):

@@ -1,0 +1,146 @@
+"""The Ray Data engine: same packs as the local engine (global planning), every sample exactly once
+with the efficiency loss reported (per-shard planning), errors from workers, and the missing-Ray hint.
+
+One local Ray runtime (2 CPUs, small object store) per module; skipped when Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    ray = pytest.importorskip("ray")
+    from seqpack.engines.ray_engine import start_ray
+
+    if not ray.is_initialized():
+        start_ray(num_cpus=2, object_store_memory=200 * 1024**2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[Path]:
+    """The embedded chats split into 3 JSONL shards; two share the file name ``part.jsonl`` (so sample
+    ids carry the full path), and one holds a malformed line."""
+    root = tmp_path_factory.mktemp("shards")
+    lines = sample_data_path().read_text(encoding="utf-8").splitlines()
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    paths = [root / "a" / "part.jsonl", root / "b" / "part.jsonl", root / "c.jsonl"]
+    paths[0].write_text("\n".join(lines[:14]) + "\n", encoding="utf-8")
+    paths[1].write_text("\n".join(lines[14:27]) + "\n{not json\n", encoding="utf-8")
+    paths[2].write_text("\n".join(lines[27:]) + "\n", encoding="utf-8")
+    return paths
+
+
+SETTINGS = dict(seq_length=512, pad_to_multiple_of=8, overlength="truncate", on_error="skip", seed=3)
+
+
+def _packs(res):
+    ds = res.load()
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_ray_global_planning_equals_local_engine(ray_runtime, shards, tmp_path):
+    from seqpack.engines.ray_engine import pack_dataset_ray
+
+    local = pack_dataset(shards, tmp_path / "local", **SETTINGS)
+    ray_res = pack_dataset_ray(shards, tmp_path / "ray", num_cpus=2, planning="global", packs_per_task=3, **SETTINGS)
+    a, b = _packs(local), _packs(ray_res)
+    assert len(a) == len(b) == local.metadata.num_packs > 3
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x.input_ids, y.input_ids)
+        np.testing.assert_array_equal(x.labels, y.labels)
+        np.testing.assert_array_equal(x.cu_seqlens_padded, y.cu_seqlens_padded)
+        assert x.sample_ids == y.sample_ids
+    # same accounting and metadata (the Ray run only adds extra["ray"])
+    lm, rm = local.metadata, ray_res.metadata
+    assert rm.counts == lm.counts and rm.counts["skipped"] == {"malformed_json": 1}
+    for key in ("fingerprint", "packing_efficiency", "lower_bound", "max_samples_per_bin", "min_packed_seqlen",
+                "dataset_max_seqlen", "effective_pad_multiple"):
+        assert getattr(rm, key) == getattr(lm, key), key
+    assert rm.extra["ray"]["planning"] == "global" and rm.extra["ray"]["input_shards"] == 3
+    assert [e.sample_id for e in ray_res.report.entries] == [e.sample_id for e in local.report.entries]
+    # duplicate file names: ids use the full path, exactly as the local engine names them
+    assert any(sid.startswith(str(shards[0]) + ":") for p in b for sid in p.sample_ids)
+    assert ray_res.load().report() == local.load().report()
+
+
+def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runtime, shards, tmp_path):
+    from seqpack.engines.ray_engine import pack_dataset_ray
+
+    local = pack_dataset(shards, tmp_path / "local", **SETTINGS)
+    res = pack_dataset_ray(shards, tmp_path / "ray", num_cpus=2, planning="per_shard", **SETTINGS)
+    packs = _packs(res)
+    ids = [sid for p in packs for sid in p.sample_ids]
+    local_ids = [sid for p in _packs(local) for sid in p.sample_ids]
+    assert Counter(ids) == Counter(local_ids) and len(ids) == len(set(ids))  # every sample exactly once
+    for p in packs:  # packs never mix shards
+        assert len({sid.rsplit(":", 1)[0] for sid in p.sample_ids}) == 1
+        p.validate(capacity=512, multiple=8)
+    info = res.metadata.extra["ray"]
+    tokens = res.metadata.counts["tokens"]
+    assert info["per_shard_num_packs"] == res.metadata.num_packs == len(packs)
+    assert info["global_num_packs"] == local.metadata.num_packs
+    assert info["per_shard_num_packs"] >= info["global_num_packs"]
+    assert info["per_shard_packing_efficiency"] == pytest.approx(tokens / (len(packs) * 512), abs=1e-6)
+    assert info["efficiency_loss"] == pytest.approx(
+        info["global_packing_efficiency"] - info["per_shard_packing_efficiency"], abs=1e-6
+    )
+    assert info["efficiency_loss"] >= 0
+    assert res.metadata.fingerprint != local.metadata.fingerprint  # different packs, different fingerprint
+    meta = json.loads((tmp_path / "ray" / "metadata.json").read_text())
+    assert meta["extra"]["ray"]["planning"] == "per_shard"
+
+
+def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):
+    from seqpack.data import DataFormatError
+    from seqpack.engines.ray_engine import pack_dataset_ray
+
+    with pytest.raises(DataFormatError) as ei:
+        pack_dataset_ray(shards, tmp_path / "out", num_cpus=2, **{**SETTINGS, "on_error": "raise"})
+    assert str(shards[1]) in str(ei.value) and "malformed JSON" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_settings_checked_before_starting_ray(tmp_path):
+    from seqpack.engines.ray_engine import pack_dataset_ray
+
+    with pytest.raises(PackConfigError, match="planning"):
+        pack_dataset_ray(None, tmp_path / "o", planning="sharded")
+    with pytest.raises(PackConfigError, match="seq_length=100 is not divisible"):
+        pack_dataset_ray(None, tmp_path / "o", seq_length=100, context_parallel_size=2, pad_to_multiple_of=16)
+
+
+def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
+    from seqpack.engines import ray_engine
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match=r'pip install "seqpack\[ray\]"'):
+        ray_engine.pack_dataset_ray(None, tmp_path / "o", seq_length=1024)
+    assert not (tmp_path / "o").exists()
+
+
+def test_get_engine_names():
+    from seqpack.engines import get_engine
+
+    assert get_engine("local") is pack_dataset
+    with pytest.raises(ValueError, match="unknown engine 'spark'.*local, ray"):
+        get_engine("spark")
