@@ -45,7 +45,17 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["BalancePlan", "attention_cost", "pack_costs", "balance_packs", "round_robin_plan"]
+__all__ = [
+    "BalancePlan",
+    "SampleBalancePlan",
+    "attention_cost",
+    "pack_costs",
+    "balance_packs",
+    "balance_samples",
+    "balance_batch",
+    "cost_ratio_lower_bound",
+    "round_robin_plan",
+]
 
 FILLER = -1
 
@@ -459,3 +469,968 @@ def round_robin_plan(num_packs: int, dp_size: int, micro_batches: int = 1) -> Ba
         fillers += int(np.sum(grid == FILLER))
         steps.append(grid)
     return BalancePlan(steps=steps, dp_size=dp, micro_batches=mb, num_fillers=fillers, method="round-robin")
+
+
+# ------------------------------------------------------------------------------------------------
+# Sample-level balance: pack + balance jointly ("re-leveling" samples between a step's packs)
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class SampleBalancePlan:
+    """Schedule of *samples*: steps x DP ranks x micro-batches, each micro-batch one pack <= capacity.
+
+    Attributes:
+        bins: the packs, int64 arrays of sample indices (into the ``lengths`` given), none empty.
+        schedule: :class:`BalancePlan` over ``bins`` (pack ids; ``-1`` = empty filler micro-batch).
+        lengths: int64 [n] lengths used for capacity and balance (rounded up to ``pad_to_multiple_of``).
+        capacity: token cap of every micro-batch (pack).
+        pad_to_multiple_of: segment pad multiple the lengths were rounded to.
+        extra_packs: packs added to make every step's pack count a multiple of ``dp_size``
+            (``<= dp_size - 1``, i.e. at most one per rank), counted before leveling.
+        method: short description of the method used.
+    """
+
+    bins: list[np.ndarray]
+    schedule: BalancePlan
+    lengths: np.ndarray
+    capacity: int
+    pad_to_multiple_of: int
+    extra_packs: int
+    method: str
+
+    @property
+    def dp_size(self) -> int:
+        return self.schedule.dp_size
+
+    @property
+    def micro_batches(self) -> int:
+        return self.schedule.micro_batches
+
+    @property
+    def num_steps(self) -> int:
+        return self.schedule.num_steps
+
+    @property
+    def num_fillers(self) -> int:
+        """Empty micro-batches (a rank has nothing to run in that slot) over the whole schedule."""
+        return self.schedule.num_fillers
+
+    def step(self, k: int) -> list[list[np.ndarray]]:
+        """Step ``k`` as ``[rank][micro_batch] -> int64 sample indices`` (an empty array = filler)."""
+        grid = self.schedule.steps[k]
+        empty = np.zeros(0, dtype=np.int64)
+        return [[self.bins[int(b)] if b != FILLER else empty for b in row] for row in grid]
+
+    def steps(self) -> list[list[list[np.ndarray]]]:
+        """All steps: ``[step][rank][micro_batch] -> int64 sample indices``."""
+        return [self.step(k) for k in range(self.num_steps)]
+
+    def rank_schedule(self, rank: int) -> list[list[np.ndarray]]:
+        """For ``rank``: per step, its micro-batches' sample indices (fillers omitted)."""
+        return [[self.bins[int(b)] for b in s[rank] if b != FILLER] for s in self.schedule.steps]
+
+    def pack_tokens_and_cost(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens int64 [P], cost float64 [P])`` of ``bins`` on the (padded) lengths."""
+        return pack_costs(self.bins, self.lengths)
+
+    def stats(self) -> dict[str, float]:
+        """Imbalance figures; same definitions as :meth:`BalancePlan.stats`, on the (padded) lengths.
+
+        "Full" steps are those with ``micro_batches`` micro-batches per rank (judged even when one of
+        their micro-batches is an empty filler); the remainder step, if any, is reported apart under
+        ``last_*`` keys. ``token_spread`` of a step = ``(max - min) / mean`` of its ranks' tokens;
+        ``cost max/mean`` = largest rank attention cost (sum of len**2) / mean rank cost.
+        """
+        tokens, cost = self.pack_tokens_and_cost()
+        sch = self.schedule
+        tl, cl = sch.loads(tokens), sch.loads(cost)
+        full = np.array([s.shape[1] == sch.micro_batches for s in sch.steps], dtype=bool)
+        out: dict[str, float] = {"steps": float(sch.num_steps), "fillers": float(sch.num_fillers),
+                                 "extra_packs": float(self.extra_packs), "packs": float(len(self.bins))}
+
+        def figs(tk, cs):
+            tm = np.maximum(tk.mean(axis=1), 1e-12)
+            cm = np.maximum(cs.mean(axis=1), 1e-12)
+            return (tk.max(axis=1) - tk.min(axis=1)) / tm, cs.max(axis=1) / cm, cm, cs.max(axis=1)
+
+        sel = full if full.any() else ~full
+        sp, ra, cm, cx = figs(tl[sel], cl[sel])
+        out.update(token_spread_max=float(sp.max()) if sp.size else 0.0,
+                   token_spread_mean=float(sp.mean()) if sp.size else 0.0,
+                   cost_max_over_mean_worst=float(ra.max()) if ra.size else 1.0,
+                   cost_max_over_mean_mean=float(ra.mean()) if ra.size else 1.0,
+                   cost_time_efficiency=float(cm.sum() / max(cx.sum(), 1e-12)),
+                   full_steps=float(sel.sum()))
+        if full.any() and not full.all():
+            sp2, ra2, _, _ = figs(tl[~full], cl[~full])
+            out.update(last_token_spread=float(sp2.max()), last_cost_max_over_mean=float(ra2.max()))
+        out["over_cap"] = float(int(np.sum(tokens > self.capacity)))
+        out["max_pack_tokens"] = float(tokens.max()) if tokens.size else 0.0
+        return out
+
+
+def cost_ratio_lower_bound(lengths, capacity: int, dp_size: int, micro_batches: int = 1) -> float:
+    """A lower bound on the worst step's attention-cost max/mean that ANY schedule can reach.
+
+    The rank holding the longest sample ``L1`` costs at least ``L1**2``; the other ``dp_size - 1``
+    ranks of that step hold disjoint samples of at most ``micro_batches * capacity`` tokens each, so
+    their total cost is at most the fractional-knapsack bound ``sum(x**2)`` over the longest remaining
+    samples filling ``(dp_size - 1) * micro_batches * capacity`` tokens. Hence
+    ``max/mean >= dp * L1**2 / (L1**2 + that bound)``. A value above 1.05 proves the 1.05 goal
+    unreachable for these lengths (e.g. one 3.6k-token conversation among mostly short ones).
+
+    Args:
+        lengths: int [n] sample lengths (tokens; use padded lengths to model kernel work).
+        capacity: tokens per micro-batch.
+        dp_size, micro_batches: schedule shape.
+
+    Returns:
+        float >= 0 (values <= 1 mean the bound says nothing).
+    """
+    s = np.sort(np.asarray(lengths, dtype=np.float64))[::-1]
+    if s.size == 0:
+        return 1.0
+    l1 = s[0]
+    rest = s[1:]
+    budget = float((dp_size - 1) * micro_batches * capacity)
+    cum = np.cumsum(rest)
+    k = int(np.searchsorted(cum, budget, side="right"))
+    other = float(np.sum(rest[:k] ** 2))
+    if k < rest.size:
+        left = budget - (float(cum[k - 1]) if k else 0.0)
+        other += max(left, 0.0) * rest[k]
+    return float(dp_size * l1 ** 2 / (l1 ** 2 + other))
+
+
+def _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of):
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {lengths.shape}")
+    if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"lengths must be integers (token counts), got dtype {lengths.dtype}")
+    if int(dp_size) != dp_size or dp_size < 1:
+        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
+    if micro_batches is not None and (int(micro_batches) != micro_batches or micro_batches < 1):
+        raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
+    if int(capacity) != capacity or capacity < 1:
+        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+    if int(pad_to_multiple_of) != pad_to_multiple_of or pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
+    if capacity % pad_to_multiple_of:
+        raise ValueError(f"capacity={capacity} must be divisible by pad_to_multiple_of={pad_to_multiple_of}")
+    from seqpack.padding import round_up
+
+    padded = round_up(lengths.astype(np.int64), int(pad_to_multiple_of)) if lengths.size else np.zeros(0, np.int64)
+    bad = np.flatnonzero((padded < 1) | (padded > capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"sample {i} has length {int(lengths[i])} (padded {int(padded[i])}), outside [1, capacity={capacity}] "
+            f"({bad.size} samples); truncate/split over-long samples before balancing (prepare overlength=...)")
+    return padded
+
+
+def _initial_packs(padded, capacity, pad, algorithm, seed):
+    from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+
+    if padded.size == 0:
+        return []
+    plan = pack_lengths(padded, int(capacity), algorithm if algorithm is not None else DEFAULT_ALGORITHM,
+                        seed=seed, pad_to_multiple_of=int(pad), shuffle_packs=False)
+    return [np.asarray(b, dtype=np.int64) for b in plan.bins]
+
+
+def _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed):
+    """Sample-level leveling of a pack schedule (in place on the sample->pack map); returns new bins/grids."""
+    n = padded.shape[0]
+    units = (padded // pad).astype(np.int64)
+    cs = units.astype(np.float64) ** 2
+    npk = len(bins)
+    cap_u = int(capacity // pad)
+    pack_of = np.empty(n, dtype=np.int64)
+    for k, b in enumerate(bins):
+        pack_of[b] = k
+    pack_rank = np.zeros(npk, dtype=np.int64)
+    pack_step = np.zeros(npk, dtype=np.int64)
+    for s, g in enumerate(grids):
+        for r in range(g.shape[0]):
+            for m in range(g.shape[1]):
+                pid = int(g[r, m])
+                if pid != FILLER:
+                    pack_rank[pid] = r
+                    pack_step[pid] = s
+    pack_load = np.bincount(pack_of, weights=units, minlength=npk).astype(np.int64)
+    S = len(grids)
+    step_of = pack_step[pack_of]
+    order = np.argsort(step_of, kind="stable").astype(np.int64)
+    mstart = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(np.bincount(step_of, minlength=S), out=mstart[1:])
+    pos_of = np.empty(n, dtype=np.int64)
+    pos_of[order] = np.arange(n, dtype=np.int64)
+    RT = np.zeros((S, dp))
+    RC = np.zeros((S, dp))
+    np.add.at(RT, (step_of, pack_rank[pack_of]), units.astype(np.float64))
+    np.add.at(RC, (step_of, pack_rank[pack_of]), cs)
+    pstart = np.zeros(S + 1, dtype=np.int64)  # packs of step s: pack_ids[pstart[s]:pstart[s+1]]
+    np.cumsum([int(np.sum(g != FILLER)) for g in grids], out=pstart[1:])
+    pack_ids = np.concatenate([g[g != FILLER].reshape(-1) for g in grids]).astype(np.int64) if S else np.zeros(0,
+                                                                                                           np.int64)
+    full = np.array([g.shape[1] == mb for g in grids], dtype=np.bool_)
+    _level_all(order, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_load, RT, RC, cap_u, tt, ct,
+                 stop, max_iter)
+    if cross_iters > 0 and int(full.sum()) > 1:
+        srt = np.argsort(units, kind="stable").astype(np.int64)
+        vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
+        _repair_cross(order, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step,
+                        pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed)
+    # rebuild bins (drop packs left empty -> fillers) and grids
+    by_pack = np.argsort(pack_of, kind="stable")
+    cnt = np.bincount(pack_of, minlength=npk)
+    starts = np.concatenate([[0], np.cumsum(cnt)])
+    new_id = np.full(npk, FILLER, dtype=np.int64)
+    new_bins: list[np.ndarray] = []
+    for k in range(npk):
+        if cnt[k]:
+            new_id[k] = len(new_bins)
+            new_bins.append(np.sort(by_pack[starts[k]:starts[k + 1]]).astype(np.int64))
+    new_grids = []
+    for g in grids:
+        ng = np.where(g == FILLER, FILLER, new_id[np.where(g == FILLER, 0, g)])
+        new_grids.append(ng)
+    return new_bins, new_grids
+
+
+def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
+    cost = np.array([float(np.sum(padded[b].astype(np.float64) ** 2)) for b in bins])
+    fillers = 0
+    for g in grids:  # inside a rank: micro-batches in descending cost, fillers last
+        key = np.where(g == FILLER, -np.inf, cost[np.where(g == FILLER, 0, g)] if cost.size else 0.0)
+        g[...] = np.take_along_axis(g, np.argsort(-key, axis=1, kind="stable"), axis=1)
+        fillers += int(np.sum(g == FILLER))
+    sched = BalancePlan(steps=grids, dp_size=dp, micro_batches=mb, num_fillers=fillers, method=method)
+    return SampleBalancePlan(bins=bins, schedule=sched, lengths=padded, capacity=int(capacity),
+                             pad_to_multiple_of=int(pad), extra_packs=int(extra), method=method)
+
+
+_SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, then sample-level "
+                  "local search (moves/swaps between a step's ranks, and length-matched swaps with other steps)")
+
+
+def balance_samples(
+    lengths,
+    capacity: int,
+    dp_size: int,
+    micro_batches: int = 1,
+    *,
+    pad_to_multiple_of: int = 1,
+    algorithm=None,
+    seed: int = 0,
+    shuffle_steps: bool = True,
+    token_tolerance: float = 1e-3,
+    cost_tolerance: float = 0.05,
+    stop_score: float = 0.5,
+    max_iter: int = 40,
+    cross_iters: int | None = None,
+    sand_fractions: Sequence[float] | None = None,
+    formation: str = "cost",
+) -> SampleBalancePlan:
+    """Pack samples AND schedule them over steps x DP ranks x micro-batches with even work per step.
+
+    Balancing whole pre-built packs (:func:`balance_packs`) cannot even out a step whose packs differ
+    by a few tokens; this works on samples:
+
+    1. **Pack.** :func:`seqpack.algorithms.pack_lengths` (default: balanced best fit) gives ``P``
+       packs; ``P`` is rounded up to a multiple of ``dp_size`` with empty packs (at most one extra
+       pack per rank), so every step has ``dp_size * m`` micro-batches.
+    2. **Form steps and assign ranks** with :func:`balance_packs` (cost-sorted step bands, Graham's
+       LPT in vector form, min-max swap repair).
+    3. **Level samples inside each step** (local search, best improvement): move one sample to
+       another rank's pack or swap two samples between ranks, never filling a pack above
+       ``capacity``, minimising the step score ``max(token_spread / token_tolerance,
+       (cost max/mean - 1) / cost_tolerance)`` with the summed squared deviations as tie-break,
+       until the score is <= ``stop_score`` or no move helps.
+    4. **Cross-step repair** (min-max local search): the worst step swaps one sample with a sample
+       of another full step whose length differs by a few tokens (found through a length index),
+       keeping the partner step's score <= max(its old score, ``stop_score``); a sample keeps its
+       count, so every sample stays scheduled exactly once.
+
+    Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
+    is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
+    ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
+    tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
+
+    Args:
+        lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.
+        capacity: tokens per micro-batch (packed row length).
+        dp_size: DP world size.
+        micro_batches: micro-batches (packs) per rank per step (gradient accumulation).
+        pad_to_multiple_of: segment pad multiple (capacity must be divisible by it); lengths are
+            rounded up to it for the cap and for both balance measures.
+        algorithm: :class:`seqpack.algorithms.PackingAlgorithm` for step 1 (None = default).
+        seed: seed for packing, the step order and the repair's random choices.
+        shuffle_steps: shuffle steps (the remainder step stays last).
+        token_tolerance, cost_tolerance: scales of the step score (targets: 0.1 %, 1.05).
+        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target).
+        max_iter: best-improvement iterations per step and leveling call.
+        cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 100``; 0 disables).
+
+    Returns:
+        :class:`SampleBalancePlan`; every sample in exactly one micro-batch; no micro-batch above
+        ``capacity``; every step has a multiple of ``dp_size`` micro-batches, the last step
+        ``ceil(rest / dp_size)`` per rank; empty micro-batches (fillers) only where there are fewer
+        samples than slots.
+
+    Raises:
+        ValueError / TypeError: bad sizes, non-integer lengths, a sample outside [1, capacity]
+        (names the sample index).
+    """
+    padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
+    dp, mb, pad = int(dp_size), int(micro_batches), int(pad_to_multiple_of)
+    bins = _initial_packs(padded, capacity, pad, algorithm, seed)
+    p = len(bins)
+    p_ext = -(-p // dp) * dp
+    extra = p_ext - p
+    bins = bins + [np.zeros(0, dtype=np.int64)] * extra
+    if sand_fractions is None:
+        sand_fractions = (0.0, 0.1)
+    best = None
+    for frac in sand_fractions:
+        got = _pack_then_level(bins, padded, capacity, pad, dp, mb, float(frac), seed, shuffle_steps, token_tolerance,
+                               cost_tolerance, stop_score, max_iter, cross_iters, formation)
+        if got is None:
+            continue
+        new_bins, new_grids = got
+        plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
+                       _SAMPLE_METHOD + (f"; sand {frac:g} of tokens re-poured" if frac > 0 else ""))
+        st = plan.stats()
+        tp = st["token_spread_max"] / token_tolerance
+        cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
+        # fewest goals missed and least excess first, then the worse part, then the mean spread
+        key = (int(tp > 1.0) + int(cp > 1.0), max(tp, 1.0) + max(cp, 1.0), max(tp, cp), st["token_spread_mean"])
+        if best is None or key < best[0]:
+            best = (key, plan)
+    return best[1]
+
+
+def _pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, shuffle_steps, tt, ct, stop,
+                     max_iter, cross_iters, formation="cost"):
+    """One candidate of :func:`balance_samples`: optionally lift out the shortest samples ("sand", up to
+    ``sand_fraction`` of the tokens), schedule the remaining packs, pour the sand back where a step's
+    ranks are lowest, then level. Returns ``(bins, grids)`` or None when the sand does not fit back."""
+    n = padded.shape[0]
+    sand = np.zeros(0, dtype=np.int64)
+    if sand_fraction > 0 and n:
+        order = np.argsort(padded, kind="stable")
+        cum = np.cumsum(padded[order])
+        k = int(np.searchsorted(cum, sand_fraction * float(cum[-1]), side="right"))
+        sand = order[:k]
+        small = padded[sand] <= capacity // 4
+        sand = sand[small]
+        if sand.size == 0:
+            return None
+        is_sand = np.zeros(n, dtype=bool)
+        is_sand[sand] = True
+        bins = [b[~is_sand[b]] for b in bins]
+    tokens, cost = pack_costs(bins, padded)
+    sched = balance_packs(tokens, cost, dp, mb, token_cap=int(capacity), seed=seed, shuffle_steps=shuffle_steps,
+                          token_tolerance=tt, cost_tolerance=ct, formation=formation)
+    grids = [g.copy() for g in sched.steps]
+    if sand.size:
+        units = (padded // pad).astype(np.int64)
+        pack_of = np.full(n, -1, dtype=np.int64)
+        for k2, b in enumerate(bins):
+            pack_of[b] = k2
+        pack_load = np.array([int(units[b].sum()) for b in bins], dtype=np.int64)
+        nbin = sum(g.shape[0] for g in grids)
+        bin_packs = np.zeros((nbin, mb), dtype=np.int64)
+        mb_of_bin = np.zeros(nbin, dtype=np.int64)
+        bin_step = np.zeros(nbin, dtype=np.int64)
+        load = np.zeros(nbin)
+        kk = 0
+        for si, g in enumerate(grids):
+            for r in range(g.shape[0]):
+                row = g[r][g[r] != FILLER]
+                mb_of_bin[kk] = row.size
+                bin_packs[kk, :row.size] = row
+                bin_step[kk] = si
+                load[kk] = float(pack_load[row].sum())
+                kk += 1
+        step_max = np.array([load[bin_step == si].max() for si in range(len(grids))])
+        srt = sand[np.argsort(-padded[sand], kind="stable")].astype(np.int64)
+        if not _pour_sand(srt, units, pack_of, pack_load, bin_packs, mb_of_bin, bin_step, load, step_max,
+                          int(capacity // pad)):
+            return None
+        nb = len(bins)
+        cnt = np.bincount(pack_of, minlength=nb)
+        by = np.argsort(pack_of, kind="stable")
+        st = np.concatenate([[0], np.cumsum(cnt)])
+        bins = [by[st[k2]:st[k2 + 1]].astype(np.int64) for k2 in range(nb)]
+    if cross_iters is None:
+        cross_iters = 4 * len(grids) + 200
+    return _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, int(cross_iters), seed)
+
+
+def balance_batch(
+    lengths,
+    capacity: int,
+    dp_size: int,
+    micro_batches: int | None = None,
+    *,
+    pad_to_multiple_of: int = 1,
+    algorithm=None,
+    seed: int = 0,
+    token_tolerance: float = 1e-3,
+    cost_tolerance: float = 0.05,
+    stop_score: float = 0.5,
+    max_iter: int = 500,
+) -> SampleBalancePlan:
+    """In-batch packing: split ONE global batch of samples over DP ranks and micro-batches.
+
+    The batch is packed with :func:`seqpack.algorithms.pack_lengths`, packs are dealt to ranks by
+    vector LPT (Graham 1969), then samples are moved/swapped between ranks (as in
+    :func:`balance_samples` step 3) to even tokens and attention cost. Use it when the data loader
+    yields a global batch of samples per optimizer step.
+
+    Args:
+        lengths: int [n] the batch's sample lengths (tokens).
+        capacity: tokens per micro-batch.
+        dp_size: DP world size.
+        micro_batches: micro-batches per rank; None = the fewest that hold the batch
+            (``ceil(packs / dp_size)``).
+        pad_to_multiple_of, algorithm, seed, token_tolerance, cost_tolerance, stop_score, max_iter:
+            as in :func:`balance_samples`.
+
+    Returns:
+        :class:`SampleBalancePlan` with one step; ``plan.step(0)[rank][m]`` = sample indices.
+
+    Raises:
+        ValueError: the batch needs more than ``dp_size * micro_batches`` packs (says how many
+            micro-batches would fit it), plus the checks of :func:`balance_samples`.
+    """
+    padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
+    dp, pad = int(dp_size), int(pad_to_multiple_of)
+    bins = _initial_packs(padded, capacity, pad, algorithm, seed)
+    p = len(bins)
+    need = max(1, -(-p // dp))
+    mb = need if micro_batches is None else int(micro_batches)
+    if p > dp * mb:
+        raise ValueError(
+            f"the batch of {padded.size} samples ({int(padded.sum())} tokens) needs {p} packs of capacity {capacity}, "
+            f"more than dp_size*micro_batches = {dp}*{mb}; set micro_batches >= {need} or send a smaller batch")
+    extra = dp * mb - p
+    bins = bins + [np.zeros(0, dtype=np.int64)] * extra
+    tokens, cost = pack_costs(bins, padded)
+    sched = balance_packs(tokens, cost, dp, mb, token_cap=int(capacity), seed=seed, shuffle_steps=False,
+                          token_tolerance=token_tolerance, cost_tolerance=cost_tolerance, formation="cost")
+    grids = [g.copy() for g in sched.steps]
+    new_bins, new_grids = _level(bins, grids, padded, capacity, pad, dp, mb, token_tolerance, cost_tolerance,
+                                 stop_score, max_iter, 0, seed)
+    return _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
+                   "in-batch: pack_lengths + vector LPT (Graham 1969) + sample-level local search")
+
+
+# ------------------------------------------------------------------------------------------------
+# numba kernels of the sample-level local search (lengths in pad units, cost = units**2)
+#
+# A step's key is lexicographic: (max(tp, stop), max(cp, stop), g) with tp = token spread / tt,
+# cp = (cost max/mean - 1) / ct and g = summed squared scaled deviations (tie-break). Tokens come
+# first because an even token count is always within reach of sample moves, while the cost goal can
+# be unreachable (see cost_ratio_lower_bound); once tokens are on target, cost is lowered without
+# pushing tokens off target again.
+# ------------------------------------------------------------------------------------------------
+from numba import njit  # noqa: E402
+
+
+@njit(cache=True)
+def _row_score(rt, rc, tt, ct):
+    """(tp, cp, g) of one step from its per-rank tokens ``rt`` and costs ``rc``."""
+    dp = rt.shape[0]
+    st = 0.0
+    sc = 0.0
+    tmax = -1e300
+    tmin = 1e300
+    cmax = -1e300
+    for r in range(dp):
+        st += rt[r]
+        sc += rc[r]
+        if rt[r] > tmax:
+            tmax = rt[r]
+        if rt[r] < tmin:
+            tmin = rt[r]
+        if rc[r] > cmax:
+            cmax = rc[r]
+    mt = st / dp
+    mc = sc / dp
+    tp = 0.0
+    cp = 0.0
+    g = 0.0
+    if mt > 0:
+        tp = (tmax - tmin) / mt / tt
+        for r in range(dp):
+            d = (rt[r] - mt) / (mt * tt)
+            g += d * d
+    if mc > 0:
+        cp = (cmax / mc - 1.0) / ct
+        for r in range(dp):
+            d = (rc[r] - mc) / (mc * ct)
+            g += 0.25 * d * d
+    return tp, cp, g
+
+
+@njit(cache=True)
+def _better(tp1, cp1, g1, tp0, cp0, g0, stop):
+    a1 = max(tp1, stop)
+    a0 = max(tp0, stop)
+    if a1 < a0 - 1e-12:
+        return True
+    if a1 > a0 + 1e-12:
+        return False
+    b1 = max(cp1, stop)
+    b0 = max(cp0, stop)
+    if b1 < b0 - 1e-12:
+        return True
+    if b1 > b0 + 1e-12:
+        return False
+    return g1 < g0 - 1e-12
+
+
+@njit(cache=True)
+def _score_with(rt, rc, a, da, dca, b, db, dcb, tt, ct):
+    rt[a] += da
+    rc[a] += dca
+    rt[b] += db
+    rc[b] += dcb
+    tp, cp, g = _row_score(rt, rc, tt, ct)
+    rt[a] -= da
+    rc[a] -= dca
+    rt[b] -= db
+    rc[b] -= dcb
+    return tp, cp, g
+
+
+@njit(cache=True)
+def _pair_swap(mem, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap, tt, ct, stop, tp0, cp0, g0):
+    """Best improving 1-for-2 exchange (one sample of rank a for two of rank b, both ways) between the
+    extreme ranks (highest vs lowest cost, highest vs lowest tokens). Moves tokens-neutral cost where
+    single swaps cannot (e.g. full packs of short vs. long chat turns). Applies it; returns
+    (applied, tp, cp, g)."""
+    dp = rt.shape[0]
+    n = mem.shape[0]
+    ca = 0
+    cb = 0
+    ta = 0
+    tb = 0
+    for r in range(dp):
+        if rc[r] > rc[ca]:
+            ca = r
+        if rc[r] < rc[cb]:
+            cb = r
+        if rt[r] > rt[ta]:
+            ta = r
+        if rt[r] < rt[tb]:
+            tb = r
+    btp = tp0
+    bcp = cp0
+    bg = g0
+    bi = -1
+    bj1 = -1
+    bj2 = -1
+    in_a = np.empty(n, dtype=np.int64)
+    in_b = np.empty(n, dtype=np.int64)
+    for pr in range(4):
+        if pr == 0:
+            a, b = ca, cb
+        elif pr == 1:
+            a, b = cb, ca
+        elif pr == 2:
+            a, b = ta, tb
+        else:
+            a, b = tb, ta
+        if a == b:
+            continue
+        na = 0
+        nb = 0
+        for x in range(n):
+            r = pack_rank[pack_of[mem[x]]]
+            if r == a:
+                in_a[na] = mem[x]
+                na += 1
+            elif r == b:
+                in_b[nb] = mem[x]
+                nb += 1
+        for x in range(na):  # i in rank a <-> (j1, j2) in rank b
+            i = in_a[x]
+            p = pack_of[i]
+            li = units[i]
+            for y1 in range(nb):
+                j1 = in_b[y1]
+                q1 = pack_of[j1]
+                for y2 in range(y1 + 1, nb):
+                    j2 = in_b[y2]
+                    q2 = pack_of[j2]
+                    lj = units[j1] + units[j2]
+                    if pack_load[p] - li + lj > cap:
+                        continue
+                    if q1 == q2:
+                        if pack_load[q1] - lj + li > cap:
+                            continue
+                    elif pack_load[q1] - units[j1] + li > cap:
+                        continue
+                    d = lj - li
+                    dc = cs[j1] + cs[j2] - cs[i]
+                    tp, cp, g = _score_with(rt, rc, a, d, dc, b, -d, -dc, tt, ct)
+                    if _better(tp, cp, g, btp, bcp, bg, stop):
+                        btp = tp
+                        bcp = cp
+                        bg = g
+                        bi = i
+                        bj1 = j1
+                        bj2 = j2
+    if bi < 0:
+        return False, tp0, cp0, g0
+    p = pack_of[bi]
+    q1 = pack_of[bj1]
+    q2 = pack_of[bj2]
+    a = pack_rank[p]
+    b = pack_rank[q1]
+    d = units[bj1] + units[bj2] - units[bi]
+    dc = cs[bj1] + cs[bj2] - cs[bi]
+    pack_load[p] += d
+    pack_load[q1] += units[bi] - units[bj1]
+    pack_load[q2] -= units[bj2]
+    pack_of[bi] = q1
+    pack_of[bj1] = p
+    pack_of[bj2] = p
+    rt[a] += d
+    rc[a] += dc
+    rt[b] -= d
+    rc[b] -= dc
+    return True, btp, bcp, bg
+
+
+@njit(cache=True)
+def _level_step(mem, pids, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap, tt, ct, stop, max_iter):
+    """Best-improvement moves/swaps of samples between the ranks of one step (in place).
+
+    Returns the final (tp, cp)."""
+    n = mem.shape[0]
+    tp0, cp0, g0 = _row_score(rt, rc, tt, ct)
+    idle = 0
+    for _ in range(max_iter):
+        if tp0 <= stop and cp0 <= stop:
+            break
+        btp = tp0
+        bcp = cp0
+        bg = g0
+        kind = 0
+        bi = -1
+        bj = -1
+        for x in range(n):
+            i = mem[x]
+            p = pack_of[i]
+            a = pack_rank[p]
+            li = units[i]
+            ci = cs[i]
+            for y in range(pids.shape[0]):  # move i into pack q of another rank
+                q = pids[y]
+                b = pack_rank[q]
+                if b == a or pack_load[q] + li > cap:
+                    continue
+                tp, cp, g = _score_with(rt, rc, a, -li, -ci, b, li, ci, tt, ct)
+                if _better(tp, cp, g, btp, bcp, bg, stop):
+                    btp = tp
+                    bcp = cp
+                    bg = g
+                    kind = 1
+                    bi = i
+                    bj = q
+            for y in range(x + 1, n):  # swap i and j across ranks
+                j = mem[y]
+                q = pack_of[j]
+                b = pack_rank[q]
+                lj = units[j]
+                if b == a or lj == li:
+                    continue
+                if pack_load[p] - li + lj > cap or pack_load[q] - lj + li > cap:
+                    continue
+                d = lj - li
+                dc = cs[j] - ci
+                tp, cp, g = _score_with(rt, rc, a, d, dc, b, -d, -dc, tt, ct)
+                if _better(tp, cp, g, btp, bcp, bg, stop):
+                    btp = tp
+                    bcp = cp
+                    bg = g
+                    kind = 2
+                    bi = i
+                    bj = j
+        if kind == 0:
+            ok, tp0, cp0, g0 = _pair_swap(mem, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap, tt, ct, stop,
+                                          tp0, cp0, g0)
+            if not ok:
+                break
+            continue
+        i = bi
+        p = pack_of[i]
+        a = pack_rank[p]
+        if kind == 1:
+            q = bj
+            b = pack_rank[q]
+            pack_load[p] -= units[i]
+            pack_load[q] += units[i]
+            rt[a] -= units[i]
+            rt[b] += units[i]
+            rc[a] -= cs[i]
+            rc[b] += cs[i]
+            pack_of[i] = q
+        else:
+            j = bj
+            q = pack_of[j]
+            b = pack_rank[q]
+            d = units[j] - units[i]
+            dc = cs[j] - cs[i]
+            pack_load[p] += d
+            pack_load[q] -= d
+            rt[a] += d
+            rt[b] -= d
+            rc[a] += dc
+            rc[b] -= dc
+            pack_of[i] = q
+            pack_of[j] = p
+        if max(btp, stop) < max(tp0, stop) - 1e-12 or max(bcp, stop) < max(cp0, stop) - 1e-12:
+            idle = 0
+        else:
+            idle += 1  # only the tie-break improved
+            if idle > 20:
+                tp0 = btp
+                cp0 = bcp
+                break
+        tp0 = btp
+        cp0 = bcp
+        g0 = bg
+    return tp0, cp0
+
+
+@njit(cache=True)
+def _level_all(members, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_load, RT, RC, cap, tt, ct,
+               stop, max_iter):
+    for s in range(mstart.shape[0] - 1):  # budget grows with the step's sample count (empty packs to fill)
+        _level_step(members[mstart[s]:mstart[s + 1]], pack_ids[pstart[s]:pstart[s + 1]], units, cs, pack_of,
+                    pack_rank, pack_load, RT[s], RC[s], cap, tt, ct, stop,
+                    max_iter + min(2 * (mstart[s + 1] - mstart[s]), 200))
+
+
+@njit(cache=True)
+def _prio(tp, cp, stop):
+    """Worst-step priority: tokens first (max(tp, stop)), then cost."""
+    return max(tp, stop) * 1e4 + min(max(cp, 0.0), 9999.0)
+
+
+@njit(cache=True)
+def _repair_cross(members, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step, pack_load,
+                  RT, RC, full, srt, vstart, cap, tt, ct, stop, budget, max_iter, seed):
+    """Min-max repair across steps: the worst full step swaps a sample with a near-equal-length sample
+    of another full step; the partner is re-leveled if needed and must end with token and cost parts
+    <= max(old, 0.9) (else the swap is undone); then the worst step is re-leveled inside."""
+    S = mstart.shape[0] - 1
+    dp = RT.shape[1]
+    TP = np.zeros(S)
+    CP = np.zeros(S)
+    for s in range(S):
+        TP[s], CP[s], _ = _row_score(RT[s], RC[s], tt, ct)
+    stuck = np.zeros(S, dtype=np.bool_)
+    np.random.seed(seed)
+    kmax = 8  # candidates tried per (sample, length)
+    ncand = 6  # best swaps tried per repair (partner re-level may reject)
+    c_i = np.empty(ncand, dtype=np.int64)
+    c_j = np.empty(ncand, dtype=np.int64)
+    c_k = np.empty(ncand)
+    plim = 0.9
+    for _ in range(budget):
+        s = -1
+        best = -1.0
+        for k in range(S):
+            if full[k] and not stuck[k] and (TP[k] > stop or CP[k] > stop):
+                v = _prio(TP[k], CP[k], stop)
+                if v > best:
+                    best = v
+                    s = k
+        if s < 0:
+            break
+        rt = RT[s]
+        rc = RC[s]
+        tsum = 0.0
+        tmax = -1e300
+        tmin = 1e300
+        for r in range(dp):
+            tsum += rt[r]
+            tmax = max(tmax, rt[r])
+            tmin = min(tmin, rt[r])
+        tol = int(np.ceil(tt * tsum / dp)) + 1
+        dlim = min(max(int(tmax - tmin), tol), 64)
+        _, _, g_s = _row_score(rt, rc, tt, ct)
+        cur = _prio(TP[s], CP[s], stop)
+        nc = 0
+        for x in range(mstart[s], mstart[s + 1]):
+            i = members[x]
+            p = pack_of[i]
+            a = pack_rank[p]
+            li = units[i]
+            for d in range(-dlim, dlim + 1):
+                if d == 0:
+                    continue
+                lj = li + d
+                if lj < 1 or lj > cap or pack_load[p] + d > cap:
+                    continue
+                lo = vstart[lj]
+                cnt = vstart[lj + 1] - lo
+                if cnt == 0:
+                    continue
+                off = np.random.randint(0, cnt)
+                for c in range(min(cnt, kmax)):
+                    j = srt[lo + (off + c) % cnt]
+                    q = pack_of[j]
+                    t = pack_step[q]
+                    if t == s or not full[t] or pack_load[q] - d > cap:
+                        continue
+                    dc = cs[j] - cs[i]
+                    stp, scp, sg = _score_with(rt, rc, a, d, dc, a, 0.0, 0.0, tt, ct)
+                    if not _better(stp, scp, sg, TP[s], CP[s], g_s, stop):
+                        continue
+                    key = _prio(stp, scp, stop) + 1e-6 * sg
+                    b = pack_rank[q]
+                    ttp, tcp, _ = _score_with(RT[t], RC[t], b, -d, -dc, b, 0.0, 0.0, tt, ct)
+                    if ttp > max(TP[t], plim) + 1e-12 or tcp > max(CP[t], plim) + 1e-12:
+                        key += 1e12  # partner would need re-leveling: try after the direct swaps
+                    # keep the ncand best keys (insertion)
+                    if nc < ncand:
+                        pos = nc
+                        nc += 1
+                    elif key < c_k[nc - 1]:
+                        pos = nc - 1
+                    else:
+                        continue
+                    while pos > 0 and c_k[pos - 1] > key:
+                        c_k[pos] = c_k[pos - 1]
+                        c_i[pos] = c_i[pos - 1]
+                        c_j[pos] = c_j[pos - 1]
+                        pos -= 1
+                    c_k[pos] = key
+                    c_i[pos] = i
+                    c_j[pos] = j
+        done = False
+        for z in range(nc):
+            i = c_i[z]
+            j = c_j[z]
+            p = pack_of[i]
+            q = pack_of[j]
+            t = pack_step[q]
+            a = pack_rank[p]
+            b = pack_rank[q]
+            d = units[j] - units[i]
+            dc = cs[j] - cs[i]
+            ttp, tcp, _ = _score_with(RT[t], RC[t], b, -d, -dc, b, 0.0, 0.0, tt, ct)
+            lim_t = max(TP[t], plim)
+            lim_c = max(CP[t], plim)
+            # snapshot the partner step, apply the swap, re-level the partner if it went off limits
+            m0 = mstart[t]
+            m1 = mstart[t + 1]
+            snap_pack = pack_of[members[m0:m1]].copy()
+            snap_load = pack_load[pack_ids[pstart[t]:pstart[t + 1]]].copy()
+            snap_rt = RT[t].copy()
+            snap_rc = RC[t].copy()
+            pack_load[p] += d
+            pack_load[q] -= d
+            RT[s, a] += d
+            RC[s, a] += dc
+            RT[t, b] -= d
+            RC[t, b] -= dc
+            pack_of[i] = q
+            pack_of[j] = p
+            pi = pos_of[i]
+            pj = pos_of[j]
+            members[pi] = j
+            members[pj] = i
+            pos_of[i] = pj
+            pos_of[j] = pi
+            if ttp > lim_t + 1e-12 or tcp > lim_c + 1e-12:
+                ttp, tcp = _level_step(members[m0:m1], pack_ids[pstart[t]:pstart[t + 1]], units, cs, pack_of,
+                                       pack_rank, pack_load, RT[t], RC[t], cap, tt, ct, min(stop, plim),
+                                       max_iter)
+            if ttp <= lim_t + 1e-12 and tcp <= lim_c + 1e-12:
+                TP[t] = ttp
+                CP[t] = tcp
+                stuck[t] = False
+                TP[s], CP[s] = _level_step(members[mstart[s]:mstart[s + 1]], pack_ids[pstart[s]:pstart[s + 1]],
+                                           units, cs, pack_of, pack_rank, pack_load, RT[s], RC[s], cap, tt, ct,
+                                           stop, max_iter)
+                done = True
+                break
+            # undo: swap back, restore the partner's snapshot
+            members[pi] = i
+            members[pj] = j
+            pos_of[i] = pi
+            pos_of[j] = pj
+            pack_of[i] = p
+            pack_load[p] -= d
+            RT[s, a] -= d
+            RC[s, a] -= dc
+            for w in range(m1 - m0):
+                pack_of[members[m0 + w]] = snap_pack[w]
+            pk = pack_ids[pstart[t]:pstart[t + 1]]
+            for w in range(pk.shape[0]):
+                pack_load[pk[w]] = snap_load[w]
+            for r in range(dp):
+                RT[t, r] = snap_rt[r]
+                RC[t, r] = snap_rc[r]
+        if not done or _prio(TP[s], CP[s], stop) >= cur:
+            if not done:
+                stuck[s] = True
+
+
+@njit(cache=True)
+def _pour_sand(sand, units, pack_of, pack_load, bin_packs, mb_of_bin, bin_step, load, step_max, cap):
+    """Pour ``sand`` (descending lengths) into rank-bins: the bin furthest below its step's most loaded
+    rank first (then the least loaded bin), into that bin's roomiest pack. Returns False if one fits nowhere."""
+    nb = load.shape[0]
+    for x in range(sand.shape[0]):
+        i = sand[x]
+        li = units[i]
+        best = -1
+        bdef = -1e300
+        bload = 1e300
+        for k in range(nb):
+            room = 0
+            for m in range(mb_of_bin[k]):
+                rr = cap - pack_load[bin_packs[k, m]]
+                if rr > room:
+                    room = rr
+            if room < li:
+                continue
+            d = step_max[bin_step[k]] - load[k]
+            if d > bdef + 1e-9 or (abs(d - bdef) <= 1e-9 and load[k] < bload):
+                bdef = d
+                bload = load[k]
+                best = k
+        if best < 0:
+            return False
+        if bdef <= 0:  # all level: lowest bin overall
+            for k in range(nb):
+                room = 0
+                for m in range(mb_of_bin[k]):
+                    rr = cap - pack_load[bin_packs[k, m]]
+                    if rr > room:
+                        room = rr
+                if room >= li and load[k] < load[best]:
+                    best = k
+        q = -1
+        room = -1
+        for m in range(mb_of_bin[best]):
+            rr = cap - pack_load[bin_packs[best, m]]
+            if rr > room:
+                room = rr
+                q = bin_packs[best, m]
+        pack_of[i] = q
+        pack_load[q] += li
+        load[best] += li
+        if load[best] > step_max[bin_step[best]]:
+            step_max[bin_step[best]] = load[best]
+    return True
