@@ -536,14 +536,16 @@ class SampleBalancePlan:
         """Imbalance figures; same definitions as :meth:`BalancePlan.stats`, on the (padded) lengths.
 
         "Full" steps are those with ``micro_batches`` micro-batches per rank (judged even when one of
-        their micro-batches is an empty filler); the remainder step, if any, is reported apart under
-        ``last_*`` keys. ``token_spread`` of a step = ``(max - min) / mean`` of its ranks' tokens;
+        their micro-batches is an empty filler), except the last step when it is the remainder
+        (fewer micro-batches, or filler slots): that one is reported apart under ``last_*`` keys. ``token_spread`` of a step = ``(max - min) / mean`` of its ranks' tokens;
         ``cost max/mean`` = largest rank attention cost (sum of len**2) / mean rank cost.
         """
         tokens, cost = self.pack_tokens_and_cost()
         sch = self.schedule
         tl, cl = sch.loads(tokens), sch.loads(cost)
         full = np.array([s.shape[1] == sch.micro_batches for s in sch.steps], dtype=bool)
+        if len(sch.steps) > 1 and np.any(sch.steps[-1] == FILLER):
+            full[-1] = False  # the remainder step (kept last) with empty filler slots
         out: dict[str, float] = {"steps": float(sch.num_steps), "fillers": float(sch.num_fillers),
                                  "extra_packs": float(self.extra_packs), "packs": float(len(self.bins))}
 
@@ -788,19 +790,23 @@ def balance_samples(
     bins = _initial_packs(padded, capacity, pad, algorithm, seed)
     p = len(bins)
     p_ext = -(-p // dp) * dp
-    extra = p_ext - p
-    bins = bins + [np.zeros(0, dtype=np.int64)] * extra
     if sand_fractions is None:
         sand_fractions = (0.0, 0.1)
+    variants = [(True, float(f), formation) for f in sand_fractions]
+    if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
+        variants.append((False, 0.0, "auto"))
     best = None
-    for frac in sand_fractions:
-        got = _pack_then_level(bins, padded, capacity, pad, dp, mb, float(frac), seed, shuffle_steps, token_tolerance,
-                               cost_tolerance, stop_score, max_iter, cross_iters, formation)
+    for with_extra, frac, form in variants:
+        extra = p_ext - p if with_extra else 0
+        got = _pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
+                               seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
+                               form)
         if got is None:
             continue
         new_bins, new_grids = got
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
-                       _SAMPLE_METHOD + (f"; sand {frac:g} of tokens re-poured" if frac > 0 else ""))
+                       _SAMPLE_METHOD + f" ({form} formation" + (f", sand {frac:g} of tokens re-poured" if frac > 0
+                                                                else "") + f", {extra} extra packs)")
         st = plan.stats()
         tp = st["token_spread_max"] / token_tolerance
         cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
@@ -808,6 +814,8 @@ def balance_samples(
         key = (int(tp > 1.0) + int(cp > 1.0), max(tp, 1.0) + max(cp, 1.0), max(tp, cp), st["token_spread_mean"])
         if best is None or key < best[0]:
             best = (key, plan)
+        if key[0] == 0:  # both goals met: stop trying variants
+            break
     return best[1]
 
 
@@ -931,13 +939,15 @@ def balance_batch(
 # ------------------------------------------------------------------------------------------------
 # numba kernels of the sample-level local search (lengths in pad units, cost = units**2)
 #
-# A step's key is lexicographic: (max(tp, stop), max(cp, stop), g) with tp = token spread / tt,
-# cp = (cost max/mean - 1) / ct and g = summed squared scaled deviations (tie-break). Tokens come
-# first because an even token count is always within reach of sample moves, while the cost goal can
-# be unreachable (see cost_ratio_lower_bound); once tokens are on target, cost is lowered without
-# pushing tokens off target again.
+# A step's key is lexicographic: (max(tp, 0.9), max(cp, stop), max(tp, stop), g) with
+# tp = token spread / tt, cp = (cost max/mean - 1) / ct and g = summed squared scaled deviations
+# (tie-break). Tokens come first until they are within 0.9 x target, because an even token count is
+# usually within reach of sample moves while the cost goal can be unreachable (see
+# cost_ratio_lower_bound); then cost is lowered without pushing tokens off target again.
 # ------------------------------------------------------------------------------------------------
 from numba import njit  # noqa: E402
+
+_TOKEN_GUARD = 0.9  # token part (spread / tolerance) below which cost takes priority
 
 
 @njit(cache=True)
@@ -978,8 +988,10 @@ def _row_score(rt, rc, tt, ct):
 
 @njit(cache=True)
 def _better(tp1, cp1, g1, tp0, cp0, g0, stop):
-    a1 = max(tp1, stop)
-    a0 = max(tp0, stop)
+    """Lexicographic: tokens down to 0.9 x target, then cost down to ``stop``, then tokens down to
+    ``stop``, then the tie-break."""
+    a1 = max(tp1, _TOKEN_GUARD)
+    a0 = max(tp0, _TOKEN_GUARD)
     if a1 < a0 - 1e-12:
         return True
     if a1 > a0 + 1e-12:
@@ -989,6 +1001,12 @@ def _better(tp1, cp1, g1, tp0, cp0, g0, stop):
     if b1 < b0 - 1e-12:
         return True
     if b1 > b0 + 1e-12:
+        return False
+    c1 = max(tp1, stop)
+    c0 = max(tp0, stop)
+    if c1 < c0 - 1e-12:
+        return True
+    if c1 > c0 + 1e-12:
         return False
     return g1 < g0 - 1e-12
 
@@ -1195,7 +1213,8 @@ def _level_step(mem, pids, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap
             rc[b] -= dc
             pack_of[i] = q
             pack_of[j] = p
-        if max(btp, stop) < max(tp0, stop) - 1e-12 or max(bcp, stop) < max(cp0, stop) - 1e-12:
+        if max(btp, _TOKEN_GUARD) < max(tp0, _TOKEN_GUARD) - 1e-12 or max(bcp, stop) < max(cp0, stop) - 1e-12 \
+                or max(btp, stop) < max(tp0, stop) - 1e-12:
             idle = 0
         else:
             idle += 1  # only the tie-break improved
@@ -1220,8 +1239,8 @@ def _level_all(members, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank,
 
 @njit(cache=True)
 def _prio(tp, cp, stop):
-    """Worst-step priority: tokens first (max(tp, stop)), then cost."""
-    return max(tp, stop) * 1e4 + min(max(cp, 0.0), 9999.0)
+    """Worst-step priority: tokens above 0.9 x target first, then cost, then tokens."""
+    return max(tp, _TOKEN_GUARD) * 1e8 + min(max(cp, stop), 9999.0) * 1e4 + min(max(tp, stop), 9999.0)
 
 
 @njit(cache=True)
