@@ -126,12 +126,16 @@ def _ray_runtime(num_cpus: int | None, object_store_memory: int | None, address:
 
     ctx = ray.data.DataContext.get_current()
     old_bars, old_level = ctx.enable_progress_bars, logging.getLogger("ray.data").level
+    old_order = ctx.execution_options.preserve_order
     ctx.enable_progress_bars = False
+    # blocks reach the driver in pack order, so its reorder buffer stays empty (bounded memory)
+    ctx.execution_options.preserve_order = True
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         yield ray
     finally:
         ctx.enable_progress_bars = old_bars
+        ctx.execution_options.preserve_order = old_order
         logging.getLogger("ray.data").setLevel(old_level)
         if owned:
             ray.shutdown()
@@ -224,8 +228,12 @@ class _ShardWorker:
     def __call__(self, batch: dict[str, np.ndarray]):
         import pyarrow as pa
 
-        tables = [self._one(int(k), pa) for k in np.asarray(batch["shard"]).tolist()]
-        return pa.concat_tables(tables)
+        for k in np.asarray(batch["shard"]).tolist():
+            table = self._one(int(k), pa)
+            # emit bounded blocks, so no single object-store block holds a whole shard
+            rows = self.s.get("block_rows", 4096)
+            for start in range(0, max(table.num_rows, 1), rows):
+                yield table.slice(start, rows)
 
     def _one(self, k: int, pa: Any):
         from seqpack.data import prepare
@@ -363,7 +371,7 @@ def _iter_pack_rows(ds: Any, first_pack: np.ndarray, num_packs: int) -> Iterator
 
     pending: dict[int, Any] = {}
     nxt = 0
-    for b in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+    for b in ds.iter_batches(batch_format="pyarrow", batch_size=64):
         gid = first_pack[b.column("shard").to_numpy()] + b.column("local").to_numpy()
         cols = {c: b.column(c) for c in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")}
         for i in range(b.num_rows):
@@ -591,7 +599,7 @@ def pack_dataset_ray(
             built = (
                 rows_ds.drop_columns(["cu_seqlens", "cu_seqlens_padded", "summary", "kind"])
                 .map_batches(_assign_packs, fn_kwargs={"assignment": ref}, batch_format="pyarrow")
-                .groupby("group", num_partitions=max(1, min(n_groups, 2 * workers)))
+                .groupby("group", num_partitions=max(1, min(n_groups, 1024)))
                 .map_groups(_build_group, fn_kwargs={"settings": settings}, batch_format="pyarrow")
             )
             first_pack = np.zeros(1, np.int64)  # built rows carry shard 0 and local = global pack id
