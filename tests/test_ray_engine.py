@@ -22,10 +22,12 @@ def ray_runtime():
     ray = pytest.importorskip("ray")
     from seqpack.engines.ray_engine import start_ray
 
-    if not ray.is_initialized():
+    owned = not ray.is_initialized()
+    if owned:
         start_ray(num_cpus=2, object_store_memory=200 * 1024**2)
     yield ray
-    ray.shutdown()
+    if owned:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
