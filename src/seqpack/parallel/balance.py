@@ -33,6 +33,16 @@ Method (:func:`balance_packs`), numpy only:
 A micro-batch is one packed row, so no micro-batch exceeds the token cap as long as no pack does;
 a pack over ``token_cap`` is refused with its index.
 
+Limit of whole-pack balancing: a step can only be as even as its packs are alike; with one pack per
+rank per step, packs that differ by 5-20 tokens already exceed a 0.1 % token spread. Hence the
+sample-level API (pack + balance jointly):
+
+* :func:`balance_samples` -- steps x ranks x micro-batches of sample indices, every micro-batch one
+  pack <= capacity, built from :func:`seqpack.algorithms.pack_lengths` and then leveled by moving /
+  swapping samples between a step's ranks and with other steps (see its docstring);
+* :func:`balance_batch` -- in-batch packing: one global batch of samples onto ranks' micro-batches;
+* :func:`cost_ratio_lower_bound` -- a bound on the attention-cost max/mean no schedule can beat.
+
 Trade-off (stated, not hidden): steps are homogeneous in document length (all-long or all-short
 packs), as with length-grouped sampling; shuffling the steps removes the ordering bias but not the
 within-step homogeneity. :func:`round_robin_plan` is the unbalanced baseline.
@@ -537,7 +547,8 @@ class SampleBalancePlan:
 
         "Full" steps are those with ``micro_batches`` micro-batches per rank (judged even when one of
         their micro-batches is an empty filler), except the last step when it is the remainder
-        (fewer micro-batches, or filler slots): that one is reported apart under ``last_*`` keys. ``token_spread`` of a step = ``(max - min) / mean`` of its ranks' tokens;
+        (fewer micro-batches, or filler slots): that one is reported apart under ``last_*`` keys.
+        ``token_spread`` of a step = ``(max - min) / mean`` of its ranks' tokens;
         ``cost max/mean`` = largest rank attention cost (sum of len**2) / mean rank cost.
         """
         tokens, cost = self.pack_tokens_and_cost()
@@ -738,27 +749,42 @@ def balance_samples(
     """Pack samples AND schedule them over steps x DP ranks x micro-batches with even work per step.
 
     Balancing whole pre-built packs (:func:`balance_packs`) cannot even out a step whose packs differ
-    by a few tokens; this works on samples:
+    by a few tokens (at 8 ranks x 1 micro-batch of 4096 tokens, 0.1 % is 4 tokens); this works on
+    samples. Method (numpy + numba):
 
     1. **Pack.** :func:`seqpack.algorithms.pack_lengths` (default: balanced best fit) gives ``P``
        packs; ``P`` is rounded up to a multiple of ``dp_size`` with empty packs (at most one extra
        pack per rank), so every step has ``dp_size * m`` micro-batches.
     2. **Form steps and assign ranks** with :func:`balance_packs` (cost-sorted step bands, Graham's
-       LPT in vector form, min-max swap repair).
+       LPT rule (1969) in vector form over tokens and cost, min-max swap repair). Three candidate
+       starts are built and the best kept (fewest goals missed, then least excess): (a) "pool":
+       packs already within ``stop_score * token_tolerance`` of the capacity are scheduled among
+       themselves, all other samples (and the extra packs) are re-packed into as many packs with
+       even loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over
+       many steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of
+       the tokens) are lifted out, the rest scheduled, and the sand poured back where a step's
+       ranks are lowest. A variant without extra packs (remainder step with filler slots) is tried
+       when none of these meets both goals.
     3. **Level samples inside each step** (local search, best improvement): move one sample to
-       another rank's pack or swap two samples between ranks, never filling a pack above
-       ``capacity``, minimising the step score ``max(token_spread / token_tolerance,
-       (cost max/mean - 1) / cost_tolerance)`` with the summed squared deviations as tie-break,
-       until the score is <= ``stop_score`` or no move helps.
+       another rank's pack, swap two samples between ranks, or exchange one sample for two between
+       the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
+       lexicographic: token spread down to 0.9 x ``token_tolerance`` first, then cost max/mean down
+       to ``1 + stop_score * cost_tolerance``, then tokens further, then summed squared deviations.
     4. **Cross-step repair** (min-max local search): the worst step swaps one sample with a sample
-       of another full step whose length differs by a few tokens (found through a length index),
-       keeping the partner step's score <= max(its old score, ``stop_score``); a sample keeps its
-       count, so every sample stays scheduled exactly once.
+       of another full step whose length differs by at most the step's spread (<= 64 tokens, found
+       through a length index); the partner must stay within max(its old figures, 0.9 x target),
+       re-leveled if needed, else the swap is undone. A swap keeps each step's sample count, and
+       every sample stays scheduled exactly once.
 
     Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
     is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
     ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
     tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
+
+    Limits (measured in ``benchmarks/bench_balance.py``): with one micro-batch per rank and packs
+    that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move can
+    even the step unless short enough samples exist; the cost goal can be provably out of reach
+    (:func:`cost_ratio_lower_bound`).
 
     Args:
         lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.
@@ -792,7 +818,8 @@ def balance_samples(
     p_ext = -(-p // dp) * dp
     if sand_fractions is None:
         sand_fractions = (0.0, 0.1)
-    variants = [(True, float(f), formation) for f in sand_fractions]
+    variants = [(True, -1.0, formation)]  # "pool": full packs apart, the rest re-packed evenly
+    variants += [(True, float(f), formation) for f in sand_fractions]
     if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
         variants.append((False, 0.0, "auto"))
     best = None
@@ -804,9 +831,10 @@ def balance_samples(
         if got is None:
             continue
         new_bins, new_grids = got
+        what = {True: f", sand {frac:g} of tokens re-poured", False: ""}[frac > 0] if frac >= 0 else \
+            ", full packs apart, the others re-packed evenly (LPT)"
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
-                       _SAMPLE_METHOD + f" ({form} formation" + (f", sand {frac:g} of tokens re-poured" if frac > 0
-                                                                else "") + f", {extra} extra packs)")
+                       _SAMPLE_METHOD + f" ({form} formation{what}, {extra} extra packs)")
         st = plan.stats()
         tp = st["token_spread_max"] / token_tolerance
         cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
@@ -819,12 +847,64 @@ def balance_samples(
     return best[1]
 
 
+def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
+                     formation):
+    """Candidate of :func:`balance_samples`: packs within ``stop * tt`` of the capacity are scheduled
+    among themselves (their tokens already agree); all other packs (and the extra empty ones) pool
+    their samples, which are re-packed into the same number of packs by LPT so that the slack is
+    spread evenly; both groups are scheduled with :func:`balance_packs`, then everything is leveled."""
+    units = (padded // pad).astype(np.int64)
+    cap_u = int(capacity // pad)
+    g = dp * mb
+    loads = np.array([int(units[b].sum()) for b in bins], dtype=np.int64)
+    delta = int(np.floor(stop * tt * cap_u))
+    near = np.flatnonzero(loads >= cap_u - delta)
+    near = near[np.argsort(-loads[near], kind="stable")]
+    keep = (near.size // g) * g
+    if keep == 0 or keep == len(bins):
+        return None
+    near_ids, loose_ids = near[:keep], np.setdiff1d(np.arange(len(bins)), near[:keep])
+    pool = np.concatenate([bins[k] for k in loose_ids]) if loose_ids.size else np.zeros(0, np.int64)
+    order = pool[np.argsort(-units[pool], kind="stable")].astype(np.int64)
+    bin_of = np.full(padded.shape[0], -1, dtype=np.int64)
+    if not _lpt_fixed(order, units, int(loose_ids.size), cap_u, bin_of):
+        return None
+    by = np.argsort(bin_of[pool], kind="stable")
+    cnt = np.bincount(bin_of[pool], minlength=loose_ids.size)
+    st = np.concatenate([[0], np.cumsum(cnt)])
+    pool_sorted = pool[by]
+    loose_bins = [np.sort(pool_sorted[st[k]:st[k + 1]]).astype(np.int64) for k in range(loose_ids.size)]
+    near_bins = [bins[k] for k in near_ids]
+    all_bins = near_bins + loose_bins
+    grids = []
+    for group, off in ((near_bins, 0), (loose_bins, len(near_bins))):
+        tokens, cost = pack_costs(group, padded)
+        sch = balance_packs(tokens, cost, dp, mb, token_cap=int(capacity), seed=seed, shuffle_steps=False,
+                            token_tolerance=tt, cost_tolerance=ct, formation=formation)
+        grids += [np.where(gr == FILLER, FILLER, gr + off) for gr in sch.steps]
+    # remainder (partial) step last; shuffle the full ones
+    full = [gr for gr in grids if gr.shape[1] == mb and not np.any(gr == FILLER)]
+    rest = [gr for gr in grids if not (gr.shape[1] == mb and not np.any(gr == FILLER))]
+    if shuffle_steps and len(full) > 1:
+        perm = np.random.default_rng(seed).permutation(len(full))
+        full = [full[k] for k in perm]
+    grids = full + rest
+    if len(rest) > 1:
+        return None
+    if cross_iters is None:
+        cross_iters = 4 * len(grids) + 200
+    return _level(all_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, int(cross_iters), seed)
+
+
 def _pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, shuffle_steps, tt, ct, stop,
                      max_iter, cross_iters, formation="cost"):
     """One candidate of :func:`balance_samples`: optionally lift out the shortest samples ("sand", up to
     ``sand_fraction`` of the tokens), schedule the remaining packs, pour the sand back where a step's
     ranks are lowest, then level. Returns ``(bins, grids)`` or None when the sand does not fit back."""
     n = padded.shape[0]
+    if sand_fraction < 0:
+        return _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter,
+                                cross_iters, formation)
     sand = np.zeros(0, dtype=np.int64)
     if sand_fraction > 0 and n:
         order = np.argsort(padded, kind="stable")
@@ -1452,4 +1532,52 @@ def _pour_sand(sand, units, pack_of, pack_load, bin_packs, mb_of_bin, bin_step, 
         load[best] += li
         if load[best] > step_max[bin_step[best]]:
             step_max[bin_step[best]] = load[best]
+    return True
+
+
+@njit(cache=True)
+def _lpt_fixed(order, units, nbins, cap, bin_of):
+    """Re-pack ``order`` (descending lengths) into exactly ``nbins`` bins with even loads.
+
+    Samples longer than the mean load ("rigid") open a bin each and are topped up toward ``cap`` by
+    best fit (their bins cannot come down to the mean, so they are made equal to each other at the
+    cap instead); every other sample then goes to the least loaded remaining bin (Graham's LPT).
+    Returns False if a sample fits nowhere."""
+    n = order.shape[0]
+    load = np.zeros(nbins, dtype=np.int64)
+    total = 0
+    for x in range(n):
+        total += units[order[x]]
+    mean = total / max(nbins, 1)
+    nr = 0
+    while nr < n and nr < nbins - 1 and units[order[nr]] > mean:
+        bin_of[order[nr]] = nr
+        load[nr] = units[order[nr]]
+        nr += 1
+    placed = np.zeros(n, dtype=np.bool_)
+    placed[:nr] = True
+    if nr > 0:
+        for x in range(nr, n):  # best fit into the rigid bins
+            i = order[x]
+            b = -1
+            for k in range(nr):
+                room = cap - load[k]
+                if room >= units[i] and (b < 0 or room < cap - load[b]):
+                    b = k
+            if b >= 0:
+                bin_of[i] = b
+                load[b] += units[i]
+                placed[x] = True
+    for x in range(n):
+        if placed[x]:
+            continue
+        i = order[x]
+        b = nr
+        for k in range(nr + 1, nbins):
+            if load[k] < load[b]:
+                b = k
+        if b >= nbins or load[b] + units[i] > cap:
+            return False
+        bin_of[i] = b
+        load[b] += units[i]
     return True
