@@ -147,6 +147,7 @@ def main() -> None:
     repeats = a.repeats or 1
     print("metric: per step, token spread = (max - min) / mean of the dp ranks' token counts (sum over the rank's "
           "micro-batches); cost = sum(len^2) per rank, max/mean over ranks; judged on the worst full step")
+    balance_samples(np.arange(1, 60), 64, 2, 2)  # compile the numba kernels outside the timings
     t0 = time.perf_counter()
     verdicts = []
     lens, how = real_lengths(a.capacity)

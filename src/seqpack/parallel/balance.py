@@ -818,7 +818,8 @@ def balance_samples(
     p_ext = -(-p // dp) * dp
     if sand_fractions is None:
         sand_fractions = (0.0, 0.1)
-    variants = [(True, -1.0, formation)]  # "pool": full packs apart, the rest re-packed evenly
+    # "pool" (sand value -1: full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs)
+    variants = [(True, -1.0, formation), (True, -2.0, formation)]
     variants += [(True, float(f), formation) for f in sand_fractions]
     if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
         variants.append((False, 0.0, "auto"))
@@ -832,7 +833,8 @@ def balance_samples(
             continue
         new_bins, new_grids = got
         what = {True: f", sand {frac:g} of tokens re-poured", False: ""}[frac > 0] if frac >= 0 else \
-            ", full packs apart, the others re-packed evenly (LPT)"
+            ", full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
+                                                                       else "")
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
                        _SAMPLE_METHOD + f" ({form} formation{what}, {extra} extra packs)")
         st = plan.stats()
@@ -848,7 +850,7 @@ def balance_samples(
 
 
 def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
-                     formation):
+                     formation, pool_fraction=0.0):
     """Candidate of :func:`balance_samples`: packs within ``stop * tt`` of the capacity are scheduled
     among themselves (their tokens already agree); all other packs (and the extra empty ones) pool
     their samples, which are re-packed into the same number of packs by LPT so that the slack is
@@ -860,8 +862,17 @@ def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, t
     delta = int(np.floor(stop * tt * cap_u))
     near = np.flatnonzero(loads >= cap_u - delta)
     near = near[np.argsort(-loads[near], kind="stable")]
+    if pool_fraction > 0 and near.size:  # also pool an even sample (in cost order) of the full packs
+        want = max(0, int(pool_fraction * len(bins)) - (len(bins) - near.size))
+        if want:
+            cst = np.array([float(np.sum(units[bins[k]].astype(np.float64) ** 2)) for k in near])
+            byc = near[np.argsort(-cst, kind="stable")]
+            take = np.unique(np.linspace(0, byc.size - 1, min(want, byc.size)).round().astype(np.int64))
+            mask = np.ones(byc.size, dtype=bool)
+            mask[take] = False
+            near = byc[mask]
     keep = (near.size // g) * g
-    if keep == 0 or keep == len(bins):
+    if keep == len(bins):
         return None
     near_ids, loose_ids = near[:keep], np.setdiff1d(np.arange(len(bins)), near[:keep])
     pool = np.concatenate([bins[k] for k in loose_ids]) if loose_ids.size else np.zeros(0, np.int64)
@@ -904,7 +915,7 @@ def _pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, s
     n = padded.shape[0]
     if sand_fraction < 0:
         return _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter,
-                                cross_iters, formation)
+                                cross_iters, formation, 0.1 if sand_fraction < -1.5 else 0.0)
     sand = np.zeros(0, dtype=np.int64)
     if sand_fraction > 0 and n:
         order = np.argsort(padded, kind="stable")
