@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqpack.data.sample import Sample
+from seqpack.packed import build_packed_sequence
 from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
 
 
@@ -146,3 +148,37 @@ def test_get_engine_names():
     assert get_engine("local") is pack_dataset
     with pytest.raises(ValueError, match="unknown engine 'spark'.*local, ray"):
         get_engine("spark")
+
+
+class _FakeDS:
+    """Duck-typed Ray dataset: ``iter_batches`` yields the given pyarrow tables in the given order."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+    def iter_batches(self, **_kw):
+        yield from self.tables
+
+
+def _pack_table(gids):
+    import pyarrow as pa
+
+    from seqpack.engines.ray_engine import _pack_rows
+
+    packs = [build_packed_sequence([Sample(np.array([g + 1, g + 2], np.int32), np.array([g + 2, -100], np.int32),
+                                           f"s:{g}")], pad_token_id=0) for g in gids]
+    return _pack_rows(pa, 0, np.asarray(gids), packs)
+
+
+def test_reorder_buffer_yields_packs_in_order_and_refuses_gaps():
+    pytest.importorskip("pyarrow")
+    from seqpack.engines.ray_engine import _iter_pack_rows
+
+    ds = _FakeDS([_pack_table([2, 3]), _pack_table([0]), _pack_table([1, 4])])
+    rows = list(_iter_pack_rows(ds, np.zeros(1, np.int64), 5))
+    assert [r.sample_ids[0] for r in rows] == [f"s:{g}" for g in range(5)]
+    np.testing.assert_array_equal(rows[3].input_ids, [4, 5])
+    with pytest.raises(RuntimeError, match="missing pack 1"):
+        list(_iter_pack_rows(_FakeDS([_pack_table([0, 2])]), np.zeros(1, np.int64), 3))
+    with pytest.raises(RuntimeError, match="pack 0 was built twice"):
+        list(_iter_pack_rows(_FakeDS([_pack_table([0]), _pack_table([0])]), np.zeros(1, np.int64), 1))

@@ -496,6 +496,10 @@ def pack_dataset_ray(
     with _ray_runtime(num_cpus, object_store_memory, ray_address) as ray:
         workers = _num_workers(ray, num_cpus, len(items))
         say(f"ray: {len(items)} input shard(s) on {workers} tokenizer worker(s), planning={planning}")
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        if len(items) < cpus:
+            say(f"ray: only {len(items)} input file(s) for {cpus} CPUs; one file is one tokenize task, so split "
+                "the corpus into more files (e.g. `split -l 10000 big.jsonl part-` and rename to .jsonl) to use them all")
         stages("prepare", 0, len(items))
         # ---- 1. read + tokenize in parallel (one task per input shard)
         try:
