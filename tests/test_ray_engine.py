@@ -105,6 +105,7 @@ def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runt
     assert res.metadata.fingerprint != local.metadata.fingerprint  # different packs, different fingerprint
     meta = json.loads((tmp_path / "ray" / "metadata.json").read_text())
     assert meta["extra"]["ray"]["planning"] == "per_shard"
+    assert meta["extra"]["fingerprint_extra"] == {"planning": "per_shard"}
 
 
 def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):

@@ -438,19 +438,23 @@ def pack_dataset_ray(
 
     Raises:
         ImportError: Ray is not installed (says ``pip install "seqpack[ray]"``).
-        PackConfigError: invalid settings (as the local engine), or an unknown ``planning``.
+        PackConfigError: invalid settings or policies (as the local engine), or an unknown ``planning``.
+        NothingToPackError: every record was dropped or skipped (nothing is written).
         FileExistsError: ``output`` exists and ``overwrite`` is False (checked before starting Ray).
         DataFormatError / OverlengthError / FileNotFoundError: bad inputs, re-raised from the worker with
             the local engine's message (file, record, fix).
     """
     from seqpack.pipeline import (
+        NothingToPackError,
         PackConfigError,
         PackResult,
         _describe_inputs,
         _pad_token_id,
         _Stages,
         _tokenizer_hashes,
+        _validate_policies,
         _validate_settings,
+        build_metadata,
         resolve_algorithm,
     )
 
@@ -463,19 +467,15 @@ def pack_dataset_ray(
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
     m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
     algo = resolve_algorithm(algorithm)
+    _validate_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
     output = Path(output)
     check_output_dir(output, overwrite)
     require_ray()
     from seqpack.data.formats import expand_inputs
-    from seqpack.data.prepare import ON_ERROR, _display_names
-    from seqpack.data.tokenize import OVERLENGTH_POLICIES, TRAIN_ON
+    from seqpack.data.prepare import _display_names
     from seqpack.data.tokenizer import load_tokenizer
     from seqpack.pipeline import sample_data_path
 
-    for key, val, allowed in (("overlength", overlength, OVERLENGTH_POLICIES), ("on_error", on_error, ON_ERROR),
-                              ("train_on", train_on, TRAIN_ON)):
-        if val not in allowed:
-            raise PackConfigError(f"{key}={val!r} is not one of {allowed}")
     if inputs is None:
         inputs = [sample_data_path()]
     elif isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
@@ -545,7 +545,7 @@ def pack_dataset_ray(
         t_prep = time.perf_counter()
         say(f"prepared {len(lengths)} samples from {report.records_read} records")
         if len(lengths) == 0:
-            raise PackConfigError(
+            raise NothingToPackError(
                 f"no sample left to pack: {report.records_read} record(s) read, none usable "
                 f"({report.by_reason() or 'no records'}); check the inputs, --format and --overlength/--on-error"
             )
@@ -613,44 +613,21 @@ def pack_dataset_ray(
             first_pack = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
 
         num_packs = int(plan.num_bins)
-        bin_real = np.array([int(lengths[b].sum()) for b in plan.bins], dtype=np.int64)
-        tokens = int(lengths.sum())
-        padded_tokens = int((-(-lengths // m) * m).sum())
-        counts: dict[str, Any] = {
-            "records_read": int(report.records_read),
-            "samples_packed": int(len(lengths)),
-            "tokens": tokens,
-            "trainable_tokens": int(report.trainable_tokens),
-            "alignment_padding_tokens": padded_tokens - tokens,
-            "tail_padding_tokens": num_packs * int(seq_length) - padded_tokens,
-        }
-        for status, reasons in report.by_reason().items():
-            counts[status] = dict(reasons)
-        described = _describe_inputs(inputs)
-        fp_settings = {
+        meta_settings = {
             "format_version": FORMAT_VERSION, "seq_length": int(seq_length),
             "pad_to_multiple_of": int(pad_to_multiple_of), "context_parallel_size": int(context_parallel_size),
             "effective_pad_multiple": int(m), "algorithm": algo.value, "seed": int(seed), "overlength": overlength,
             "train_on": train_on, "on_error": on_error, "format": fmt, "tokenizer_hash": tok_hash,
             "chat_template_hash": chat_hash, "pad_token_id": pad_id,
         }
-        if planning == "per_shard":  # different packs from the same inputs: a different fingerprint
-            fp_settings["planning"] = "per_shard"
-        meta = PackedMetadata(
-            seq_length=int(seq_length), pad_to_multiple_of=int(pad_to_multiple_of),
-            context_parallel_size=int(context_parallel_size), effective_pad_multiple=int(m), algorithm=algo.value,
-            seed=int(seed), overlength=overlength, train_on=train_on, on_error=on_error, format=fmt,
-            tokenizer=tok_name, tokenizer_hash=tok_hash, chat_template_hash=chat_hash, pad_token_id=pad_id,
-            counts=counts, num_packs=num_packs, lower_bound=int(global_plan.lower_bound),
-            packing_efficiency=round(tokens / (num_packs * seq_length), 6),
-            packing_factor=round(len(lengths) / num_packs, 6),
-            max_samples_per_bin=max(len(b) for b in plan.bins), dataset_max_seqlen=int(lengths.max()),
-            min_packed_seqlen=int(bin_real.min()), fingerprint=None, inputs=described,
-            extra={"ray": ray_info},
+        meta = build_metadata(
+            lengths=lengths, trainable_tokens=int(report.trainable_tokens), bins=plan.bins,
+            lower_bound=int(global_plan.lower_bound), report=report, settings=meta_settings,
+            described_inputs=_describe_inputs(inputs), tokenizer_name=tok_name,
+            # per-shard planning gives different packs from the same inputs: a different fingerprint
+            fingerprint_extra={"planning": "per_shard"} if planning == "per_shard" else None,
         )
-        from seqpack.io.fingerprint import compute_fingerprint
-
-        meta.fingerprint = compute_fingerprint(described, fp_settings)
+        meta.extra["ray"] = ray_info
         stages("write", 0, num_packs)
         written = 0
         try:
