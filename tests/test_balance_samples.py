@@ -146,6 +146,10 @@ def test_errors_name_the_sample_and_the_fix():
         balance_samples([1.5], 16, 1)
     with pytest.raises(ValueError, match="1-D"):
         balance_samples([[1, 2]], 16, 1)
+    with pytest.raises(ValueError, match="prefer must be 'goals' or 'excess'"):
+        balance_samples([1], 16, 1, prefer="fast")
+    with pytest.raises(ValueError, match="formation must be"):
+        balance_samples([1], 16, 1, formation="bogus")
 
 
 def test_pad_multiple_counts_padded_lengths():

@@ -745,6 +745,7 @@ def balance_samples(
     cross_iters: int | None = None,
     sand_fractions: Sequence[float] | None = None,
     formation: str = "cost",
+    prefer: str = "goals",
 ) -> SampleBalancePlan:
     """Pack samples AND schedule them over steps x DP ranks x micro-batches with even work per step.
 
@@ -763,8 +764,9 @@ def balance_samples(
        even loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over
        many steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of
        the tokens) are lifted out, the rest scheduled, and the sand poured back where a step's
-       ranks are lowest. A variant without extra packs (remainder step with filler slots) is tried
-       when none of these meets both goals.
+       ranks are lowest. When none of these meets both goals, a variant without extra packs
+       (remainder step with filler slots) and one with steps grouped by token deficit (long
+       samples of equal length together) are tried too.
     3. **Level samples inside each step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
        the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
@@ -799,7 +801,14 @@ def balance_samples(
         token_tolerance, cost_tolerance: scales of the step score (targets: 0.1 %, 1.05).
         stop_score: leveling of a step stops once its score is at or below this (1.0 = on target).
         max_iter: best-improvement iterations per step and leveling call.
-        cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 100``; 0 disables).
+        cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 200``; 0 disables).
+        sand_fractions: token fractions tried for the "sand" candidates (None = ``(0.0, 0.1)``).
+        formation: step formation of :func:`balance_packs` for the main candidates.
+        prefer: how the best candidate is chosen: ``"goals"`` (default) = fewest goals missed
+            (token spread <= ``token_tolerance``, cost max/mean <= 1 + ``cost_tolerance`` on the worst
+            full step), then least summed excess; ``"excess"`` = least summed excess
+            ``max(spread/tt, 1) + max((cost-1)/ct, 1)`` first (can keep a lower attention cost where
+            meeting the token goal would raise it).
 
     Returns:
         :class:`SampleBalancePlan`; every sample in exactly one micro-batch; no micro-batch above
@@ -812,6 +821,10 @@ def balance_samples(
         (names the sample index).
     """
     padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
+    if prefer not in ("goals", "excess"):
+        raise ValueError(f"prefer must be 'goals' or 'excess', got {prefer!r}")
+    if formation not in ("auto", "cost", "deficit"):
+        raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
     dp, mb, pad = int(dp_size), int(micro_batches), int(pad_to_multiple_of)
     bins = _initial_packs(padded, capacity, pad, algorithm, seed)
     p = len(bins)
@@ -823,6 +836,8 @@ def balance_samples(
     variants += [(True, float(f), formation) for f in sand_fractions]
     if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
         variants.append((False, 0.0, "auto"))
+    # steps grouped by token deficit (equal-length long samples together): tokens even, cost may suffer
+    variants.append((False, 0.0, "deficit"))
     best = None
     for with_extra, frac, form in variants:
         extra = p_ext - p if with_extra else 0
@@ -840,8 +855,11 @@ def balance_samples(
         st = plan.stats()
         tp = st["token_spread_max"] / token_tolerance
         cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
-        # fewest goals missed and least excess first, then the worse part, then the mean spread
-        key = (int(tp > 1.0) + int(cp > 1.0), max(tp, 1.0) + max(cp, 1.0), max(tp, cp), st["token_spread_mean"])
+        # "goals": fewest goals missed first; "excess": least summed excess over the targets (the
+        # figure closer to step time when a goal is out of reach); then the worse part, the mean spread
+        missed = int(tp > 1.0) + int(cp > 1.0)
+        excess = max(tp, 1.0) + max(cp, 1.0)
+        key = ((missed, excess) if prefer == "goals" else (excess, missed)) + (max(tp, cp), st["token_spread_mean"])
         if best is None or key < best[0]:
             best = (key, plan)
         if key[0] == 0:  # both goals met: stop trying variants
