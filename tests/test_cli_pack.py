@@ -150,3 +150,26 @@ def test_summary_rows_show_gap_to_lower_bound_and_reasons():
     assert rows["time"] == "total 1.50s"
     m.num_packs = 4
     assert dict(summary_rows(m))["packs / lower bound"] == "4 / 4 (optimal)"
+
+
+def test_engine_option_errors_are_user_errors(tmp_path):
+    out = _user_error(_run("pack", "--output", tmp_path / "x", "--engine", "spark", "--quiet"), 2)
+    assert "unknown engine 'spark'" in out and "local, ray" in out
+    out = _user_error(_run("pack", "--output", tmp_path / "y", "--num-cpus", "2", "--quiet"), 2)
+    assert "--engine ray only" in out
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_engine_ray_without_ray_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *a, **kw):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    out = _user_error(_run("pack", "--output", tmp_path / "z", "--engine", "ray", "--quiet"), 2)
+    assert 'pip install "seqpack[ray]"' in out

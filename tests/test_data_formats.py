@@ -340,3 +340,18 @@ def test_tokenizer_without_chat_template_is_refused(qwen3_tokenizer):
     tok.chat_template = None
     with pytest.raises(TokenizerError, match="no chat template"):
         prepare([{"instruction": "q", "output": "a"}], tok, seq_length=64)
+
+
+def test_data_format_error_survives_pickling():
+    """Errors raised in worker processes (DataLoader, Ray) must arrive with the same text and fields."""
+    import pickle
+
+    from seqpack.data.formats import DataFormatError
+
+    err = DataFormatError("bad role 'robot'", source="a.jsonl", line=7, index=6, reason="unknown_role",
+                          fix="use user/assistant")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is DataFormatError
+    assert str(back) == str(err) == "a.jsonl, line 7: bad role 'robot' Fix: use user/assistant"
+    assert (back.source, back.line, back.index, back.reason, back.fix) == ("a.jsonl", 7, 6, "unknown_role",
+                                                                           "use user/assistant")

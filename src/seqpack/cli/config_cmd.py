@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
@@ -37,7 +38,7 @@ def validate_cmd(
 
     console = _console()
     if output_format not in ("table", "json"):
-        console.print(f"[red]--format must be 'table' or 'json', got {output_format!r}[/red]")
+        console.print(f"[red]--format must be 'table' or 'json', got {escape(repr(output_format))}[/red]")
         raise typer.Exit(2)
     source = str(config)
     try:
@@ -50,7 +51,7 @@ def validate_cmd(
         if check_data:
             violations += cfg.packed_data_violations()
     except FileNotFoundError as e:
-        console.print(f"[red]{e}[/red] (recipes: {', '.join(list_recipes())})")
+        console.print(f"[red]{escape(str(e))}[/red] (recipes: {', '.join(list_recipes())})")
         raise typer.Exit(1)
     except ConfigValidationError as e:
         cfg, violations = None, e.violations
@@ -102,7 +103,7 @@ def recipe_cmd(
         console.print(table)
         return
     if name not in list_recipes():
-        console.print(f"[red]unknown recipe {name!r}[/red]; known: {', '.join(list_recipes())}")
+        console.print(f"[red]unknown recipe {escape(repr(name))}[/red]; known: {', '.join(list_recipes())}")
         raise typer.Exit(1)
     text = recipe_text(name)
     if output is not None:
@@ -132,7 +133,7 @@ def families_cmd(
     try:
         f = get_family(name)
     except KeyError as e:
-        console.print(f"[red]{e.args[0]}[/red]")
+        console.print(f"[red]{escape(str(e.args[0]))}[/red]")
         raise typer.Exit(1)
     console.print(f"[bold]{f.key}[/bold] ({f.name}): {f.modality}, positions {f.position_type}, "
                   f"attention {', '.join(f.attention_kinds)}, MoE {'yes' if f.moe else 'no'}, "
@@ -141,6 +142,6 @@ def families_cmd(
     if f.aliases:
         console.print(f"aliases: {', '.join(f.aliases)}")
     for o in f.opt_outs:
-        console.print(f"opt-out {', '.join(o.modes)}: {o.reason} [source: {o.source}]")
+        console.print(escape(f"opt-out {', '.join(o.modes)}: {o.reason} [source: {o.source}]"))
     for s in f.sources:
-        console.print(f"source: {s}")
+        console.print(escape(f"source: {s}"))

@@ -1,4 +1,4 @@
-"""`seqpack pack`, `seqpack inspect`, `seqpack algorithms` (OWNER: io/cli helper).
+"""`seqpack pack`, `seqpack inspect`, `seqpack algorithms`.
 
 User errors (bad settings, missing files, an existing output, a malformed record) print one readable
 message and exit with code 2 (invalid settings) or 1 (data / file problems), without a traceback.
@@ -13,15 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app
+from seqpack.cli.app import app, err_console as _err, fail as _fail
 
-_err = Console(stderr=True)
 _out = Console()
-
-
-def _fail(msg: str, code: int) -> None:
-    _err.print(f"[bold red]error:[/bold red] {msg}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _user_error_code(exc: BaseException) -> int | None:
@@ -29,6 +23,8 @@ def _user_error_code(exc: BaseException) -> int | None:
     from seqpack.pipeline import PackConfigError
 
     if isinstance(exc, PackConfigError):
+        return 2
+    if isinstance(exc, ImportError) and "seqpack[ray]" in str(exc):  # optional engine not installed
         return 2
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
@@ -63,11 +59,26 @@ def pack(
     format: str = typer.Option("auto", "--format", help="Input format, or auto-detect per record."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing packed dataset at --output."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack[ray]").'),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="Ray engine: CPUs / tokenizer workers."),
+    planning: str = typer.Option(
+        "global", "--planning", help="Ray engine: global (same packs as local) | per_shard (efficiency loss reported)."
+    ),
 ) -> None:
     """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from seqpack.pipeline import pack_dataset
+    from seqpack.engines import get_engine
+
+    try:
+        pack_dataset = get_engine(engine)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    except ImportError as exc:
+        _fail(str(exc), 2)
+    if engine != "ray" and (num_cpus is not None or planning != "global"):
+        _fail("--num-cpus and --planning apply to --engine ray only", 2)
+    engine_kw = {"num_cpus": num_cpus, "planning": planning} if engine == "ray" else {}
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -81,7 +92,7 @@ def pack(
                 inputs or None, output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algorithm,
                 pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size,
                 overlength=overlength, on_error=on_error, train_on=train_on, seed=seed, format=format,
-                overwrite=overwrite, progress=progress,
+                overwrite=overwrite, progress=progress, **engine_kw,
             )
         finally:
             if progress is not None:

@@ -112,6 +112,16 @@ class DataFormatError(ValueError):
             text += f" Fix: {fix}"
         super().__init__(text)
 
+    def __reduce__(self):
+        # Rebuild from the original fields (not the formatted text) so the error crosses process
+        # boundaries (DataLoader workers, Ray tasks) unchanged.
+        kwargs = dict(source=self.source, index=self.index, line=self.line, reason=self.reason, fix=self.fix)
+        return (_rebuild_data_format_error, (type(self), self.detail, kwargs))
+
+
+def _rebuild_data_format_error(cls, message, kwargs):
+    return cls(message, **kwargs)
+
 
 @dataclass
 class Conversation:
