@@ -13,7 +13,8 @@ micro-batches over cap, every step's micro-batch count a multiple of dp with at 
 per rank -- judged on the WORST full step (the remainder step, if any, is printed apart). Methods:
 ``round-robin`` (packs in pack_lengths order), ``packs`` (:func:`balance_packs`: whole packs, LPT +
 swaps) and ``samples`` (:func:`balance_samples`: pack + sample-level leveling; PASS/MISS is judged on
-it; where it misses a goal, ``samp.excess`` shows ``prefer="excess"``, the least-summed-excess pick). ``cost LB`` = :func:`cost_ratio_lower_bound`, a bound no schedule can beat. Data: the real
+it; where it misses a goal, ``samp.excess`` shows ``prefer="excess"``, the least-summed-excess
+pick). ``cost LB`` = :func:`cost_ratio_lower_bound`, a bound no schedule can beat. Data: the real
 SFT files in ../shared/data tokenized with the Qwen3 chat template via ``seqpack.data.prepare``
 (falls back to a whitespace-token approximation, stated in the output, when that is unavailable),
 and a 100,000-sample lognormal mix.
@@ -117,13 +118,13 @@ def run(name: str, lengths: np.ndarray, capacity: int, dp: int, mbs: list[int], 
             times.append(time.perf_counter() - t0)
         s = bs.stats()
         _row(mb, "samples", s, 1000 * float(np.median(times)))
+        if "last_token_spread" in s:
+            print(f"    (remainder step of samples: spread {100 * s['last_token_spread']:.4f}%, "
+                  f"cost {s['last_cost_max_over_mean']:.4f})")
         if s["token_spread_max"] > 1e-3 or s["cost_max_over_mean_worst"] > 1.05:
             t0 = time.perf_counter()  # the other selection rule, for comparison (verdict stays on the default)
             alt = balance_samples(lengths, capacity, dp, mb, prefer="excess")
             _row(mb, "samp.excess", alt.stats(), 1000 * (time.perf_counter() - t0))
-        if "last_token_spread" in s:
-            print(f"    (remainder step of samples: spread {100 * s['last_token_spread']:.4f}%, "
-                  f"cost {s['last_cost_max_over_mean']:.4f})")
         ok_t = s["token_spread_max"] <= 1e-3
         ok_c = s["cost_max_over_mean_worst"] <= 1.05
         ok_o = s["over_cap"] == 0
