@@ -158,3 +158,15 @@ def test_stream_wrapper_records_output_and_goals(tmp_path):
     assert run_stream(script=script, out_dir=tmp_path, echo=False)["returncode"] == 4
     with pytest.raises(FileNotFoundError, match="not found"):
         run_stream(script=tmp_path / "missing.py", out_dir=tmp_path)
+
+
+def test_bench_compare_wrapper_runs_quick(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_compare.py"
+    p = subprocess.run([sys.executable, str(script), "bench", "algorithms", "--sizes", "1000", "--repeats", "1",
+                        "--no-trl", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((tmp_path / "algorithms.json").read_text())["sizes"] == [1000]

@@ -99,3 +99,13 @@ def test_gpu_run_sh_dry_run(tmp_path):
     assert res["device"] == "cpu (dry run)" and res["steps"] == 3
     assert res["max_loss_delta"] < 1e-4 and res["speedup"] > 0 and res["ideal_ratio"] >= 1.0
     assert set(res["goals"]) == {"speedup_ge_2x", "max_loss_delta_lt_1e-3"}
+
+
+def test_num_threads_is_restored_after_the_run():
+    import torch
+
+    before = torch.get_num_threads()
+    s = synthetic_samples(6, vocab_size=80, seed=2, median=20, max_length=40)
+    res = run_training(s, TrainConfig(modes=("packed",), steps=1, seq_length=64, num_threads=1, out_dir=None,
+                                      warmup_steps=0, **TINY), log=lambda _m: None)
+    assert set(res["modes"]) == {"padded", "packed"} and torch.get_num_threads() == before

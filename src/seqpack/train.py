@@ -93,6 +93,8 @@ class TrainConfig:
             (fp32 master weights, bf16 matmuls: the usual GPU recipe); ``None`` = off.
         vocab_size: vocabulary of a tiny config when ``compact_vocab`` is off (default: max id + 1).
         max_samples: use only the first samples (``None`` = all).
+        num_threads: ``torch.set_num_threads`` for the run (``None`` = torch's default). On a shared,
+            busy CPU box 1 thread gives steadier timings (no OpenMP barrier waiting on preempted threads).
         out_dir: where ``train.json``, ``train_loss.png`` and ``train_throughput.png`` go (None = nowhere).
         progress: show a rich progress bar.
     """
@@ -119,6 +121,7 @@ class TrainConfig:
     autocast_dtype: str | None = None
     vocab_size: int | None = None
     max_samples: int | None = None
+    num_threads: int | None = None
     out_dir: str | None = "bench_results"
     progress: bool = True
 
@@ -253,7 +256,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _step_inputs(mode: str, samples: Sequence[Any], row: Any, pad_id: int, attn: str):
+def _step_inputs(mode: str, samples: Sequence[Any], row: Any, pad_id: int):
     """Collate one step. Returns ``(kind, batch, slots)``; kind ``"padded"`` or ``"thd"``."""
     from seqpack.collate import InBatchPackingCollator, PackedCollator, PaddedCollator
 
@@ -326,6 +329,19 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
     import torch
 
     cfg = cfg or TrainConfig()
+    if not cfg.num_threads:
+        return _run_training(samples, cfg, pad_token_id, log)
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(cfg.num_threads))
+    try:
+        return _run_training(samples, cfg, pad_token_id, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[str], None]) -> dict[str, Any]:
+    import torch
+
     modes = list(dict.fromkeys(cfg.modes))
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -416,8 +432,7 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
                 ss = [samples[int(i)] for i in r.steps[k]]
                 _sync(cfg.device)
                 t0 = time.perf_counter()
-                kind, batch, slots = _step_inputs(r.name, ss, r.rows[k] if r.rows else None, pad_token_id,
-                                                  cfg.attn_implementation)
+                kind, batch, slots = _step_inputs(r.name, ss, r.rows[k] if r.rows else None, pad_token_id)
                 with amp:
                     loss, count = _forward_loss(r.model, kind, batch, cfg.device)
                 loss.backward()

@@ -227,7 +227,8 @@ def run_prepare(
         records: records of the synthetic chat set (0 = none).
         seq_length: pack capacity in tokens.
         repeats: timed runs per program on the real files (median reported).
-        synthetic_repeats: timed runs on the synthetic set (default ``repeats``).
+        synthetic_repeats: timed runs on the synthetic set (default: ``repeats``, but 1 from 20,000
+            records on, to keep the full run near 5 minutes on 2 cores; the JSON records it).
         out_dir: folder for the JSON/PNG (and a scratch folder ``_prepare_work`` removed at the end).
         tokenizer: name/path for ``load_tokenizer`` or a loaded tokenizer (used by both sides).
         trl: include TRL (skipped with a recorded reason when not importable).
@@ -259,7 +260,8 @@ def run_prepare(
             skipped.append({"dataset": "shared data", "reason": f"folder not found: {shared_data}"})
         if records > 0:
             syn = write_synthetic_chat(work / f"synthetic_chat_{records}.jsonl", records)
-            files.append((f"synthetic_chat ({records:,} records)", syn, synthetic_repeats or repeats))
+            syn_reps = synthetic_repeats or (1 if records >= 20_000 else repeats)
+            files.append((f"synthetic_chat ({records:,} records)", syn, syn_reps))
         if not files:
             raise ValueError("nothing to benchmark: no shared data found and records == 0")
         has_trl = trl and trl_available()

@@ -68,7 +68,7 @@ def prepare(
     seq_length: int = typer.Option(4096, "--seq-length", min=1, help="Pack capacity in tokens."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per program on the real files (median)."),
     synthetic_repeats: Optional[int] = typer.Option(None, "--synthetic-repeats", min=1,
-                                                    help="Timed runs on the synthetic set (default --repeats)."),
+                                                    help="Timed runs on the synthetic set (default --repeats; 1 from 20,000 records)."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
     quick: bool = typer.Option(False, "--quick", help="2,000 synthetic records, 1 repeat."),
     out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for prepare.json and PNG."),

@@ -39,6 +39,9 @@ def train(
     algorithm: str = typer.Option("randomized_best_fit", help="Packing algorithm of the step plan."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", min=0, help="Steps left out of the throughput."),
     tolerance: float = typer.Option(1e-3, help="Max |loss delta| vs padded (nats, token mean)."),
+    threads: int = typer.Option(1, "--threads", min=0,
+                                help="torch CPU threads; 0 = torch's default. 1 (default) gives steady timings on a "
+                                     "shared CPU box (no OpenMP threads waiting on each other)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
     out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for train.json and PNGs."),
 ) -> None:
@@ -54,7 +57,7 @@ def train(
     cfg = TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model, hidden_size=hidden_size,
                       num_layers=num_layers, intermediate_size=intermediate_size, attn_implementation=attn,
                       device=device, dtype=dtype, lr=lr, seed=seed, algorithm=algorithm,
-                      warmup_steps=warmup_steps, loss_tolerance=tolerance, out_dir=str(out),
+                      warmup_steps=warmup_steps, loss_tolerance=tolerance, out_dir=str(out), num_threads=threads or None,
                       progress=not no_progress)
     samples, pad_id = None, 0
     if data:
