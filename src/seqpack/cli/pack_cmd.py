@@ -26,6 +26,10 @@ def _user_error_code(exc: BaseException) -> int | None:
         return 2
     if isinstance(exc, ImportError) and "seqpack[ray]" in str(exc):  # optional engine not installed
         return 2
+    from seqpack.data.tokenizer import TokenizerError
+
+    if isinstance(exc, TokenizerError):  # unknown / unloadable tokenizer: a message, not a traceback
+        return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
         return 1
