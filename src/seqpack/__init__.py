@@ -38,7 +38,18 @@ __all__ = [
 ]
 
 
+#: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
+_SUBMODULES = {
+    "adapters", "algorithms", "bench", "collate", "config", "data", "engines", "hf", "interop", "io",
+    "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "report", "stream", "train",
+}
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"seqpack.{name}")
+        globals()[name] = module
+        return module
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'seqpack' has no attribute {name!r}")
@@ -48,4 +59,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
