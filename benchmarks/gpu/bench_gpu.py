@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         steps, seq = args.steps or 100, args.seq_length or 4096
         size = dict(hidden_size=1024, num_layers=24, intermediate_size=3072, num_heads=16, num_kv_heads=8)
         vocab, max_len, median = 151_936, 2048, 250.0
-        n = int(steps * seq / 380) + 200  # mean length ~ 380 tokens at this mix: enough packs for `steps`
+        n = int(steps * seq / 300) + 200  # mean length ~ 390 tokens at this mix: enough packs for `steps`
         dtype, autocast = ("bfloat16", None) if args.pure_bf16 else ("float32", "bfloat16")
     samples = synthetic_samples(n, vocab_size=vocab, seed=0, max_length=max_len, median=median)
     cfg = TrainConfig(modes=("padded", "packed"), steps=steps, seq_length=seq, model="tiny-qwen3",

@@ -43,8 +43,6 @@ the used ids, so losses are ordinary cross entropies over that vocabulary.
 from __future__ import annotations
 
 import copy
-import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
