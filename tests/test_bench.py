@@ -149,11 +149,14 @@ def test_stream_wrapper_records_output_and_goals(tmp_path):
     from seqpack.bench.stream import run_stream
 
     script = tmp_path / "fake_bench.py"
-    script.write_text("import sys\nprint('table')\nprint('PASS  goal one: 3x')\nprint('MISS  goal two')\n"
+    script.write_text("import sys\nprint('table PASSED')\nprint('PASS  goal one: 3x')\nprint('MISS  goal two')\n"
+                      "print('  goal: a: PASS; b: MISS')\nprint('summary: throughput PASS')\n"
                       "sys.exit(0 if '--quick' in sys.argv else 4)\n")
     res = run_stream(quick=True, script=script, out_dir=tmp_path, echo=False)
     assert res["returncode"] == 0 and res["goals"] == [{"goal": "goal one: 3x", "pass": True},
-                                                       {"goal": "goal two", "pass": False}]
+                                                       {"goal": "goal two", "pass": False},
+                                                       {"goal": "goal: a: PASS; b: MISS", "pass": False},
+                                                       {"goal": "summary: throughput PASS", "pass": True}]
     assert json.loads((tmp_path / "stream.json").read_text())["output"].startswith("table")
     assert run_stream(script=script, out_dir=tmp_path, echo=False)["returncode"] == 4
     with pytest.raises(FileNotFoundError, match="not found"):

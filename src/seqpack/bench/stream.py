@@ -3,12 +3,14 @@
 The benchmark itself is ``benchmarks/bench_stream.py`` (owned by the streaming module; it measures
 ``StreamingPacker`` throughput, efficiency vs offline packing and state size). This wrapper runs it
 in a child process with the same interpreter, relays its output live, and writes ``stream.json``
-(command, exit code, wall seconds, the full output and its PASS/MISS lines as goals).
+(command, exit code, wall seconds, the full output, and every line carrying PASS/MISS verdicts as a
+goal: ``pass`` is False when the line has any MISS).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,11 +54,13 @@ def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
     rc = proc.wait()
     output = "".join(lines)
     goals = []
-    for line in lines:
+    for line in lines:  # "PASS  <goal>" lines, or any line carrying PASS/MISS verdicts ("goal: ...: PASS; ...")
         s = line.strip()
-        for tag in ("PASS", "MISS"):
-            if s.startswith(tag):
-                goals.append({"goal": s[len(tag):].strip(), "pass": tag == "PASS"})
+        tags = re.findall(r"\b(PASS|MISS)\b", s)
+        if not tags:
+            continue
+        text = s[4:].strip() if s.startswith(("PASS", "MISS")) else s
+        goals.append({"goal": text, "pass": "MISS" not in tags})
     payload = {"benchmark": "stream", "command": " ".join(cmd), "returncode": rc,
                "wall_s": round(time.perf_counter() - t0, 3), "output": output, "goals": goals}
     write_json(Path(out_dir) / "stream.json", payload)
