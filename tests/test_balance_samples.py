@@ -39,6 +39,8 @@ def _check_sample_plan(plan, lengths, capacity, dp, mb, pad=1):
             assert s.shape[1] == mb
         else:
             assert 1 <= s.shape[1] <= mb
+        if n >= dp * s.shape[1]:  # enough samples for every slot: at most one empty micro-batch per rank
+            assert np.all(np.sum(s == FILLER, axis=1) <= 1)
     # the [step][rank][micro-batch] view is the same schedule
     again = [i for step in plan.steps() for rank in step for mbatch in rank for i in mbatch.tolist()]
     assert sorted(again) == list(range(n))

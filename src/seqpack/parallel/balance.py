@@ -308,9 +308,11 @@ def _form_steps(order, tokens, cost, dp, mb, *, refine_passes, max_repairs, tt, 
         c_load = np.zeros(dp)
         t_ref = max(float(tokens[members].sum()) / dp, 1.0)
         c_ref = max(float(cost[members].sum()) / dp, 1e-12)
+        base, n_big = divmod(take, dp)  # per-rank counts differ by <= 1: at most one filler per rank
         for i in members:
             score = np.maximum((t_load + tokens[i]) / t_ref, (c_load + cost[i]) / c_ref)
-            score[counts >= m] = np.inf
+            limit = base + 1 if int(np.sum(counts > base)) < n_big else base
+            score[counts >= limit] = np.inf
             r = int(np.argmin(score))
             grid[r, counts[r]] = i
             counts[r] += 1
