@@ -140,6 +140,12 @@ def test_cli_bench_algorithms_and_bad_sizes(tmp_path):
     assert bad.exit_code == 2
 
 
+def test_cli_bench_prepare_with_nothing_to_run_exits_2(tmp_path):
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--records", "0", "--shared-data", str(tmp_path / "none"),
+                                    "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "nothing to benchmark" in r.output
+
+
 def test_cli_bench_stream_missing_script(tmp_path):
     r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py")])
     assert r.exit_code == 1

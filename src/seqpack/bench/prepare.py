@@ -289,11 +289,11 @@ def run_prepare(
         rows = []
         for e in entries:
             s, t = e["seqpack"], e.get("trl") or {}
-            rows.append([e["dataset"], s["samples"], s["tokens"], t.get("tokens"), s["packs"], t.get("packs"),
+            rows.append([e["dataset"], s["samples"], t.get("samples"), s["tokens"], t.get("tokens"), s["packs"], t.get("packs"),
                          s["efficiency"], t.get("efficiency"), s["wall_s"], t.get("wall_s"), e.get("speedup_wall"),
                          e.get("speedup_cpu")])
         print_table(f"prepare: tokenize + pack + write, seq_length={seq_length} (median of repeats)",
-                    ["dataset", "samples", "tokens seqpack", "tokens TRL", "packs seqpack", "packs TRL",
+                    ["dataset", "samples seqpack", "samples TRL", "tokens seqpack", "tokens TRL", "packs seqpack", "packs TRL",
                      "eff seqpack", "eff TRL", "wall s seqpack", "wall s TRL", "speed-up wall", "speed-up CPU"],
                     rows)
         payload = {"benchmark": "prepare", "seq_length": seq_length, "records": records, "repeats": repeats,

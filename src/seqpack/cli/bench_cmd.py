@@ -80,8 +80,11 @@ def prepare(
         shared_data = _repo_root().parent / "shared" / "data"
     if quick:
         records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
-    run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
-                synthetic_repeats=synthetic_repeats, out_dir=out, trl=not no_trl)
+    try:
+        run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
+                    synthetic_repeats=synthetic_repeats, out_dir=out, trl=not no_trl)
+    except ValueError as exc:  # nothing to run / bad settings
+        _fail(str(exc), 2)
     print(f"wrote {out / 'prepare.json'}")
 
 
