@@ -109,3 +109,20 @@ def test_num_threads_is_restored_after_the_run():
     res = run_training(s, TrainConfig(modes=("packed",), steps=1, seq_length=64, num_threads=1, out_dir=None,
                                       warmup_steps=0, **TINY), log=lambda _m: None)
     assert set(res["modes"]) == {"padded", "packed"} and torch.get_num_threads() == before
+
+
+def test_local_weights_folder_is_trained_without_vocab_compaction(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.train import resolve_tokenizer, tiny_config
+
+    conf = tiny_config("llama", vocab_size=300, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
+                       num_kv_heads=1)
+    AutoModelForCausalLM.from_config(conf).save_pretrained(tmp_path / "m")
+    cfg = TrainConfig(model=str(tmp_path / "m"), modes=("packed",), steps=2, seq_length=128, out_dir=None,
+                      warmup_steps=0, progress=False)
+    assert resolve_tokenizer(cfg) == str(tmp_path / "m")
+    s = synthetic_samples(20, vocab_size=300, seed=4, median=30, max_length=100)
+    res = run_training(s, cfg, pad_token_id=0, log=lambda _m: None)
+    assert res["data"]["vocab_size"] is None  # the model's own vocabulary
+    assert res["modes"]["packed"]["max_abs_loss_delta"] < 1e-4

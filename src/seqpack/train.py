@@ -59,6 +59,7 @@ __all__ = [
     "plan_steps",
     "synthetic_samples",
     "default_data",
+    "resolve_tokenizer",
     "run_training",
 ]
 
@@ -91,6 +92,8 @@ class TrainConfig:
             (fp32 master weights, bf16 matmuls: the usual GPU recipe); ``None`` = off.
         vocab_size: vocabulary of a tiny config when ``compact_vocab`` is off (default: max id + 1).
         max_samples: use only the first samples (``None`` = all).
+        tokenizer: tokenizer used when ``run_training`` prepares the data itself (``None``: the
+            embedded ``"qwen3"`` for tiny models, the model folder for local weights).
         num_threads: ``torch.set_num_threads`` for the run (``None`` = torch's default). On a shared,
             busy CPU box 1 thread gives steadier timings (no OpenMP barrier waiting on preempted threads).
         out_dir: where ``train.json``, ``train_loss.png`` and ``train_throughput.png`` go (None = nowhere).
@@ -120,6 +123,7 @@ class TrainConfig:
     vocab_size: int | None = None
     max_samples: int | None = None
     num_threads: int | None = None
+    tokenizer: str | None = None
     out_dir: str | None = "bench_results"
     progress: bool = True
 
@@ -232,6 +236,13 @@ def synthetic_samples(n: int, *, vocab_size: int, seed: int = 0, median: float =
         out.append(Sample(input_ids=ids, labels=shift_labels(ids, trainable), sample_id=f"synthetic:{i}",
                           source="synthetic", index=i))
     return out
+
+
+def resolve_tokenizer(cfg: TrainConfig) -> str:
+    """``cfg.tokenizer``, else ``"qwen3"`` for tiny configs, else the local model folder."""
+    if cfg.tokenizer:
+        return cfg.tokenizer
+    return "qwen3" if cfg.model in TINY_MODELS else cfg.model
 
 
 def default_data() -> Path:
@@ -349,7 +360,7 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
     if samples is None:
         from seqpack.data import load_tokenizer, prepare
 
-        tok = load_tokenizer("qwen3")
+        tok = load_tokenizer(resolve_tokenizer(cfg))
         data = default_data()
         log(f"data: {data}")
         samples, _ = prepare([data], tok, seq_length=cfg.seq_length)

@@ -28,6 +28,8 @@ def train(
     steps: int = typer.Option(100, min=1, help="Optimizer steps per mode (one pack of samples per step)."),
     seq_length: int = typer.Option(512, "--seq-length", min=2, help="Pack capacity in tokens."),
     model: str = typer.Option("tiny-qwen3", help="tiny-qwen3 | tiny-llama | a local model folder."),
+    tokenizer: Optional[str] = typer.Option(None, help="Tokenizer for --data (default: qwen3 for tiny models, "
+                                                      "else the model folder)."),
     hidden_size: int = typer.Option(128, "--hidden-size", min=8),
     num_layers: int = typer.Option(2, "--num-layers", min=1),
     intermediate_size: int = typer.Option(512, "--intermediate-size", min=8),
@@ -46,7 +48,7 @@ def train(
     out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for train.json and PNGs."),
 ) -> None:
     """Train one model per mode on the same samples; print loss agreement and speed-up vs padded."""
-    from seqpack.train import MODES, TrainConfig, run_training
+    from seqpack.train import MODES, TrainConfig, resolve_tokenizer, run_training
 
     modes = list(MODES) if mode == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -58,7 +60,7 @@ def train(
                       num_layers=num_layers, intermediate_size=intermediate_size, attn_implementation=attn,
                       device=device, dtype=dtype, lr=lr, seed=seed, algorithm=algorithm,
                       warmup_steps=warmup_steps, loss_tolerance=tolerance, out_dir=str(out), num_threads=threads or None,
-                      progress=not no_progress)
+                      progress=not no_progress, tokenizer=tokenizer)
     samples, pad_id = None, 0
     if data:
         missing = [str(p) for p in data if not Path(p).exists()]
@@ -66,7 +68,7 @@ def train(
             _fail(f"--data: file(s) not found: {', '.join(missing)}", 1)
         from seqpack.data import load_tokenizer, prepare
 
-        tok = load_tokenizer("qwen3")
+        tok = load_tokenizer(resolve_tokenizer(cfg))
         samples, _ = prepare([str(p) for p in data], tok, seq_length=seq_length)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     try:
