@@ -9,6 +9,7 @@ metadata (``effective_pad_multiple``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,11 +28,19 @@ __all__ = [
     "NothingToPackError",
     "PackConfigError",
     "PackResult",
+    "apply_length_policy",
     "build_metadata",
+    "dedupe_inputs",
+    "media_metadata",
     "pack_dataset",
+    "processor_settings",
+    "resolve_image_processor",
     "resolve_algorithm",
     "sample_data_path",
 ]
+
+
+_UNLIMITED = 2**31 - 1  # prepare's seq_length for the unlimited first pass
 
 
 class PackConfigError(ValueError):
@@ -97,20 +106,46 @@ class PackResult:
 
 
 def _validate_settings(seq_length: int, pad_to_multiple_of: int, context_parallel_size: int) -> int:
+    """Check the packing settings before anything is read; return the effective pad multiple.
+
+    Checks (each error names the config key and the ``seqpack pack`` flag): ``seq_length`` is an
+    integer >= 1 that fits the int32 boundary arrays; the multiple ``compute_pad_multiple(
+    pad_to_multiple_of, context_parallel_size)`` is valid; ``seq_length`` is divisible by it (case
+    B23); ``seq_length / multiple`` is within :data:`seqpack.algorithms.MAX_CAPACITY_UNITS` (the
+    planner keeps O(capacity) tables).
+
+    Raises:
+        PackConfigError: any of the above.
+    """
+    from seqpack.algorithms import MAX_CAPACITY_UNITS
+
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise PackConfigError(f"seq_length must be an integer >= 1, got {seq_length!r}")
+        raise PackConfigError(f"seq_length (--seq-length) must be an integer >= 1, got {seq_length!r}")
+    if seq_length > np.iinfo(np.int32).max:
+        raise PackConfigError(
+            f"seq_length={seq_length} (--seq-length) does not fit the int32 boundary arrays "
+            f"(cu_seqlens); use at most {np.iinfo(np.int32).max}"
+        )
     try:
         m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
     except ValueError as e:
-        raise PackConfigError(str(e)) from None
+        raise PackConfigError(f"{e} (--pad-to-multiple-of / --context-parallel-size)") from None
     if seq_length % m:
         lo = (seq_length // m) * m
         hint = f"{lo} or {lo + m}" if lo else f"{m}"
         raise PackConfigError(
-            f"seq_length={seq_length} is not divisible by the pad multiple {m} = compute_pad_multiple("
+            f"seq_length={seq_length} (--seq-length) is not divisible by the pad multiple {m} = compute_pad_multiple("
             f"pad_to_multiple_of={pad_to_multiple_of}, context_parallel_size={context_parallel_size})"
             + (" (context parallelism needs every segment padded to 2*CP)" if context_parallel_size > 1 else "")
-            + f"; choose seq_length = {hint}, or change pad_to_multiple_of / context_parallel_size"
+            + f"; choose --seq-length {hint}, or change --pad-to-multiple-of / --context-parallel-size"
+        )
+    if seq_length // m > MAX_CAPACITY_UNITS:
+        need = -(-seq_length // MAX_CAPACITY_UNITS)
+        raise PackConfigError(
+            f"seq_length={seq_length} (--seq-length) / pad multiple {m} = {seq_length // m} units exceeds the "
+            f"planner's limit of {MAX_CAPACITY_UNITS} (seqpack.algorithms.MAX_CAPACITY_UNITS; the packing kernels "
+            f"keep O(capacity) tables); lower --seq-length to at most {MAX_CAPACITY_UNITS * m}, or raise "
+            f"--pad-to-multiple-of to a value >= {need} that divides --seq-length"
         )
     return m
 
@@ -149,12 +184,255 @@ def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
     return [describe_input(i) for i in expand_inputs(list(inputs))]
 
 
+def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = None) -> list[Any]:
+    """Expand globs and drop repeated files, keeping the first occurrence (input order kept).
+
+    The same file given twice, or a glob that overlaps an explicit path, would otherwise be read twice
+    and every record packed twice (duplicate ``sample_ids``). Files are compared by
+    ``os.path.realpath`` (symlinks and ``./a`` vs ``a`` resolve to the same file); in-memory
+    datasets/records are never merged. Each dropped repeat is reported through ``log``.
+
+    Returns:
+        the expanded inputs (``Path`` objects, datasets, record lists), without repeats.
+
+    Raises:
+        FileNotFoundError / DataFormatError: from ``seqpack.data.formats.expand_inputs`` (missing path,
+            empty glob, directory).
+    """
+    from seqpack.data.formats import expand_inputs
+
+    out: list[Any] = []
+    seen: dict[str, Any] = {}
+    for item in expand_inputs(list(inputs)):
+        if isinstance(item, (str, os.PathLike)):
+            key = os.path.realpath(os.fspath(item))
+            if key in seen:
+                if log is not None:
+                    log(f"input {os.fspath(item)} is the same file as {os.fspath(seen[key])}; read once")
+                continue
+            seen[key] = item
+        out.append(item)
+    return out
+
+
+def _input_label(item: Any) -> str:
+    return os.fspath(item) if isinstance(item, (str, os.PathLike)) else f"<{type(item).__name__}>"
+
+
+def _empty_inputs(items: Sequence[Any], samples: Sequence[Any], entries: Sequence[Any]) -> list[str]:
+    """Inputs (files) that produced neither a sample nor a report entry: they hold no record."""
+    seen = {str(x.source) for x in samples} | {str(e.source) for e in entries}
+    out = []
+    for it in items:
+        if isinstance(it, (str, os.PathLike)):
+            name = os.fspath(it)
+            if name not in seen and str(Path(name)) not in seen and Path(name).name not in seen:
+                out.append(name)
+    return out
+
+
+_MEDIA_OVERLENGTH = {"truncate": "truncate", "drop": "drop", "error": "error", "split": "drop"}
+
+
+def resolve_image_processor(
+    image_processor: Any = None, *, min_pixels: int | None = None, max_pixels: int | None = None
+) -> Any:
+    """Build the Qwen2-VL image processor for image-text records (``seqpack.data.media.load_image_processor``).
+
+    Args:
+        image_processor: ``None`` (transformers' defaults), a ``preprocessor_config.json`` path (or a
+            folder holding one), a settings dict, or a processor.
+        min_pixels, max_pixels: override the processor's pixel bounds (``size.shortest_edge`` /
+            ``size.longest_edge`` in transformers 5: the resized image's area in pixels stays in
+            [min_pixels, max_pixels]).
+
+    Raises:
+        PackConfigError: the config file is missing/invalid, or the bounds are not 1 <= min <= max
+            (names ``--image-processor`` / ``--min-pixels`` / ``--max-pixels``).
+    """
+    from seqpack.data.media import load_image_processor
+
+    for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise PackConfigError(f"{key} (--{key.replace('_', '-')}) must be an integer >= 1, got {v!r}")
+    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
+        raise PackConfigError(f"min_pixels={min_pixels} > max_pixels={max_pixels} (--min-pixels/--max-pixels)")
+    try:
+        proc = load_image_processor(image_processor)
+        if min_pixels is not None or max_pixels is not None:
+            cfg = processor_settings(proc)
+            size = dict(cfg.get("size") or {})
+            if min_pixels is not None:
+                size["shortest_edge"] = int(min_pixels)
+                cfg["min_pixels"] = int(min_pixels)
+            if max_pixels is not None:
+                size["longest_edge"] = int(max_pixels)
+                cfg["max_pixels"] = int(max_pixels)
+            lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+            if lo is not None and hi is not None and lo > hi:
+                raise PackConfigError(
+                    f"min_pixels={lo} > max_pixels={hi} after applying --min-pixels/--max-pixels to the "
+                    "image processor config; set both"
+                )
+            cfg["size"] = size
+            proc = load_image_processor(cfg)
+    except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as e:
+        if isinstance(e, PackConfigError):
+            raise
+        raise PackConfigError(f"image processor (--image-processor {image_processor}): {e}") from None
+    return proc
+
+
+def processor_settings(proc: Any) -> dict[str, Any]:
+    """JSON-safe settings of an image processor (``to_dict()``); ``load_image_processor`` of the result
+    rebuilds an equivalent processor (same resize bounds, patch/merge sizes, normalisation)."""
+    d = proc.to_dict() if hasattr(proc, "to_dict") else dict(proc)
+    d = json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    size = d.get("size") or {}
+    for key, alt in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+        if d.get(key) is None and isinstance(size, dict) and size.get(alt) is not None:
+            d[key] = size[alt]
+    return d
+
+
+def media_metadata(proc: Any, tok: Any) -> dict[str, Any]:
+    """The ``metadata.json`` ``media`` section: image processor settings (``image_processor``, the full
+    config; ``min_pixels``, ``max_pixels``, ``patch_size``, ``merge_size``, ``temporal_patch_size``) and
+    the vision token ids (``image_pad_id``, ``vision_start_id``, ``vision_end_id``)."""
+    from seqpack.data.media import VisionTokens
+
+    cfg = processor_settings(proc)
+    vt = VisionTokens.from_tokenizer(tok)
+    return {
+        "image_processor": cfg,
+        "min_pixels": cfg.get("min_pixels"),
+        "max_pixels": cfg.get("max_pixels"),
+        "patch_size": cfg.get("patch_size"),
+        "merge_size": cfg.get("merge_size"),
+        "temporal_patch_size": cfg.get("temporal_patch_size"),
+        "image_pad_id": vt.image_pad_id,
+        "vision_start_id": vt.vision_start_id,
+        "vision_end_id": vt.vision_end_id,
+    }
+
+
+def _image_ref(ref: Any, where: str) -> str:
+    if isinstance(ref, dict) and isinstance(ref.get("path"), str) and not ref.get("bytes"):
+        ref = ref["path"]
+    if isinstance(ref, (str, os.PathLike)):
+        s = os.fspath(ref)
+        return s if s.startswith(("data:", "http://", "https://", "s3://", "gs://", "hf://")) else os.path.abspath(s)
+    raise ValueError(
+        f"{where}: image is an in-memory {type(ref).__name__}; the offline dataset stores image references "
+        "(paths), not pixels. Fix: save the images to files and reference them by path, or pack in batch/"
+        "streaming mode (seqpack.collate / seqpack.stream with seqpack.data.media.prepare_multimodal)"
+    )
+
+
+def apply_length_policy(
+    samples: Sequence[Any],
+    report: Any,
+    tokenizer: Any,
+    *,
+    seq_length: int,
+    overlength: str,
+    on_error: str,
+    image_processor: Any = None,
+    progress: Callable[[str, int, int | None], None] | None = None,
+) -> tuple[list[Any], Any, dict[str, int]]:
+    """Final length step of the offline path, after an unlimited-length ``prepare``.
+
+    Text-only samples longer than ``seq_length`` go through ``seqpack.data.tokenize.apply_overlength``
+    (the same policy ``prepare`` applies). Samples with images go through
+    ``seqpack.data.media.expand_image_placeholders``: each ``<image>`` becomes ``<|vision_start|>`` +
+    n x ``<|image_pad|>`` + ``<|vision_end|>`` with n = prod(image_grid_thw) // merge_size**2, then the
+    policy acts on the expanded length (``truncate`` cuts before an image run, never inside;
+    ``split`` drops, since an image sample cannot be split). The sample's ``media`` keeps only
+    references: ``images`` (absolute paths), ``image_grid_thw`` (int64 [k, 3]) and ``image_tokens``
+    (int64 [k]); pixels are dropped (recomputed at load time).
+
+    Returns:
+        ``(samples, report, stats)`` with ``stats = {"images", "image_tokens", "samples_with_images"}``;
+        ``report`` gets one entry per dropped/truncated/split/skipped sample and updated totals.
+
+    Raises:
+        ValueError: an unreadable/missing image with ``on_error="raise"`` (names the sample id, source,
+            index and path), an in-memory image, or an over-length sample under ``overlength="error"``.
+    """
+    from seqpack.data.sample import IGNORE_INDEX, SampleRecord
+    from seqpack.data.tokenize import apply_overlength
+
+    out: list[Any] = []
+    stats = {"images": 0, "image_tokens": 0, "samples_with_images": 0}
+    proc = image_processor
+    total = len(samples)
+    for k, s in enumerate(samples, 1):
+        imgs = list((s.media or {}).get("images") or [])
+        if not imgs:
+            if s.length <= seq_length:
+                out.append(s)
+                continue
+            lab = np.asarray(s.labels)
+            tr = np.zeros(s.length, dtype=bool)
+            tr[1:] = lab[:-1] != IGNORE_INDEX
+            new, entries = apply_overlength(
+                s.input_ids, tr, seq_length=seq_length, overlength=overlength, sample_id=s.sample_id,
+                source=s.source, index=s.index, media=s.media, meta=s.meta,
+            )
+            out.extend(new)
+            report.entries.extend(entries)
+            continue
+        from seqpack.data.media import OverlengthError as MediaOverlengthError
+        from seqpack.data.media import expand_image_placeholders, load_image_processor
+
+        if proc is None:
+            proc = load_image_processor(None)
+        where = f"sample {s.sample_id!r} (source {s.source}, index {s.index})"
+        try:
+            refs = [_image_ref(r, where) for r in imgs]
+            new, rec = expand_image_placeholders(
+                s, tokenizer, proc, images=refs, seq_length=seq_length, overlength=_MEDIA_OVERLENGTH[overlength]
+            )
+        except MediaOverlengthError as e:
+            raise ValueError(f"{e} (--overlength error)") from e
+        except ValueError as e:
+            if on_error == "raise":
+                raise ValueError(
+                    f"{e}. Fix: correct the image path in the record, or pass --on-error skip "
+                    "(on_error='skip') to list such records in report.jsonl and pack the rest"
+                ) from e
+            report.entries.append(SampleRecord(s.sample_id, s.source, s.index, "skipped", "bad_media", str(e)))
+            continue
+        if rec is not None:
+            if overlength == "split" and rec.status == "dropped" and rec.reason == "overlength":
+                rec = SampleRecord(rec.sample_id, rec.source, rec.index, "dropped", "overlength_media",
+                                   rec.detail + "; a sample with images is dropped rather than split",
+                                   rec.tokens_before, rec.tokens_after)
+            report.entries.append(rec)
+        if new is not None:
+            media = dict(new.media or {})
+            grid = np.asarray(media.get("image_grid_thw", np.zeros((0, 3))), dtype=np.int64).reshape(-1, 3)
+            ntok = np.prod(grid, axis=1) // (int(proc.merge_size) ** 2)
+            new.media = {"images": list(media.get("images") or []), "image_grid_thw": grid, "image_tokens": ntok}
+            stats["images"] += int(grid.shape[0])
+            stats["image_tokens"] += int(ntok.sum())
+            stats["samples_with_images"] += 1
+            out.append(new)
+        if progress is not None and (k % 64 == 0 or k == total):
+            progress("media", k, total)
+    report.samples_out = len(out)
+    report.tokens = int(sum(x.length for x in out))
+    report.trainable_tokens = int(sum(x.num_trainable for x in out))
+    return out, report, stats
+
+
 class _Stages:
     """Adapt ``progress`` (a ``rich.progress.Progress``, a ``callback(stage, done, total)`` or None)
     to one bar per stage: ``prepare`` (reading + tokenizing, reported by ``seqpack.data.prepare``),
     ``plan`` and ``write``."""
 
-    _LABELS = {"prepare": "reading + tokenizing records", "plan": "planning packs", "write": "building + writing packs"}
+    _LABELS = {"prepare": "reading + tokenizing records", "media": "expanding images", "plan": "planning packs",
+               "write": "building + writing packs"}
 
     def __init__(self, progress: Any) -> None:
         self.progress = progress
@@ -191,6 +469,7 @@ def build_metadata(
     described_inputs: list[dict[str, Any]],
     tokenizer_name: str | None,
     fingerprint_extra: dict[str, Any] | None = None,
+    media: dict[str, Any] | None = None,
 ) -> PackedMetadata:
     """Compute every statistic of ``metadata.json`` from the packing outcome (shared by all engines).
 
@@ -207,6 +486,9 @@ def build_metadata(
         described_inputs: :func:`seqpack.io.describe_input` of every input file.
         tokenizer_name: name/path recorded as ``tokenizer``.
         fingerprint_extra: further settings that change the output (e.g. an engine's planning mode).
+        media: the ``media`` section for datasets with images (:func:`media_metadata` plus counts
+            ``images``, ``image_tokens``, ``samples_with_images``); its image processor settings
+            enter the fingerprint.
 
     Returns:
         :class:`~seqpack.io.PackedMetadata` without shards (the writer fills them).
@@ -236,6 +518,11 @@ def build_metadata(
     fp_settings = dict(settings)
     if fingerprint_extra:
         fp_settings.update(fingerprint_extra)
+    if media:
+        fp_settings["image_processor"] = media.get("image_processor")
+        for key in ("images", "image_tokens", "samples_with_images"):
+            if key in media:
+                counts[key] = int(media[key])
     return PackedMetadata(
         seq_length=cap,
         pad_to_multiple_of=int(settings["pad_to_multiple_of"]),
@@ -262,6 +549,7 @@ def build_metadata(
         fingerprint=compute_fingerprint(described_inputs, fp_settings),
         inputs=list(described_inputs),
         extra={"fingerprint_extra": dict(fingerprint_extra)} if fingerprint_extra else {},
+        media=dict(media) if media else None,
     )
 
 
@@ -284,13 +572,25 @@ def pack_dataset(
     validate: bool = True,
     progress: Any = None,
     log: Callable[[str], None] | None = None,
+    image_processor: Any = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
 ) -> PackResult:
     """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
 
-    Steps: read + normalise + tokenize (``seqpack.data.prepare``, with the over-length policy), plan
-    the packs (``seqpack.algorithms.pack_lengths``), build one THD row per pack
+    Steps: read + normalise + tokenize (``seqpack.data.prepare``), expand image placeholders and apply
+    the over-length policy (:func:`apply_length_policy`), plan the packs (``seqpack.algorithms.pack_lengths``), build one THD row per pack
     (``seqpack.packed.build_packed_sequence``, rows validated against every invariant of
     packed-batch-spec.md), write atomically (``seqpack.io.PackedWriter``).
+
+    Image-text records (LLaVA ``image``/``images``, messages with image parts) are packed at their
+    expanded length (image tokens included, a placeholder run never cut) and each pack stores, per
+    segment in pack order, ``images`` (absolute paths), ``image_grid_thw`` and ``image_tokens``: no
+    pixels. ``load_packed(..., load_media=True)`` recomputes ``pixel_values`` with the image processor
+    settings stored in ``metadata.json`` (``media``). Text-only records in the same inputs pack as usual.
+
+    Repeated inputs: the same file given twice, or a glob overlapping an explicit path, is read ONCE
+    (files compared by real path; a log line names each repeat), so no record is packed twice.
 
     Args:
         inputs: path(s)/glob(s) of JSON/JSONL/Parquet files or ``datasets.Dataset`` objects; ``None``
@@ -310,16 +610,23 @@ def pack_dataset(
         progress: optional ``rich.progress.Progress`` (one bar per stage) or a
             ``callback(stage, done, total)`` with stages ``prepare``, ``plan``, ``write``.
         log: optional callable receiving one-line stage messages.
+        image_processor: Qwen2-VL image processor for image records: ``None`` (transformers'
+            defaults), a ``preprocessor_config.json`` path/folder, a dict, or a processor.
+        min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
+            tokens per image).
 
     Returns:
         :class:`PackResult`.
 
     Raises:
         PackConfigError: invalid settings (names the keys), e.g. ``seq_length`` not divisible by the
-            multiple (case B23: capacity 150 with CP=2).
+            multiple (case B23: capacity 150 with CP=2) or above the planner's capacity limit; checked
+            before any data is read.
         NothingToPackError: every record was dropped or skipped (nothing is written).
         FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
-        FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix).
+        FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix); a missing
+            or unreadable image raises ``ValueError`` naming the sample and path (``on_error="skip"``
+            lists it in the report as ``skipped``/``bad_media``).
     """
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
@@ -329,11 +636,15 @@ def pack_dataset(
     _validate_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
     output = Path(output)
     check_output_dir(output, overwrite)
+    proc = None
+    if image_processor is not None or min_pixels is not None or max_pixels is not None:
+        proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
     if inputs is None:
         inputs = [sample_data_path()]
     elif isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
         inputs = [inputs]
     fmt = None if format in (None, "auto") else format
+    items = dedupe_inputs(list(inputs), say)
 
     from seqpack.data import prepare
     from seqpack.data.tokenizer import load_tokenizer
@@ -342,17 +653,37 @@ def pack_dataset(
     tok_name = str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else getattr(tok, "name_or_path", None)
     tok_hash, chat_hash = _tokenizer_hashes(tok)
 
-    # ---- 1. read, normalise, tokenize
+    # ---- 1. read, normalise, tokenize without a length limit (an image sample's length is only known
+    # after its placeholders are expanded), then expand images and apply the over-length policy
     samples, report = prepare(
-        list(inputs), tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+        items, tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
         train_on=train_on, format=fmt, progress=stages,
     )
+    if proc is None and any((s.media or {}).get("images") for s in samples):
+        proc = resolve_image_processor(None)
+    samples, report, media_stats = apply_length_policy(
+        samples, report, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+        image_processor=proc, progress=stages,
+    )
     t_prep = time.perf_counter()
-    say(f"prepared {len(samples)} samples from {report.records_read} records")
+    say(f"prepared {len(samples)} samples from {report.records_read} records"
+        + (f" ({media_stats['images']} images, {media_stats['image_tokens']} image tokens)"
+           if media_stats["images"] else ""))
+    empty = _empty_inputs(items, samples, report.entries)
+    for name in empty:
+        say(f"input {name} holds no record (empty file or empty JSON array)")
     if not samples:
+        names = ", ".join(_input_label(i) for i in items)
+        if report.records_read == 0:
+            raise NothingToPackError(
+                f"no record to pack: 0 records read from {names} (empty file(s) or empty JSON array). "
+                "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
+                "with one record per line, or Parquet) and that it is not empty"
+            )
         raise NothingToPackError(
-            f"no sample left to pack: {report.records_read} record(s) read, none usable "
-            f"({report.by_reason() or 'no records'}); check the inputs, --format and --overlength/--on-error"
+            f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
+            f"({report.by_reason()}); see the reasons above and check --format, --overlength, --on-error"
+            + (f"; empty input(s): {', '.join(empty)}" if empty else "")
         )
 
     # ---- 2. plan (same multiple m as the builder: case B24)
@@ -412,8 +743,9 @@ def pack_dataset(
         lower_bound=int(plan.lower_bound),
         report=report,
         settings=settings,
-        described_inputs=_describe_inputs(inputs),
+        described_inputs=[describe_input(i) for i in items],
         tokenizer_name=tok_name,
+        media={**media_metadata(proc, tok), **media_stats} if media_stats["images"] else None,
     )
     with PackedWriter(output, overwrite=overwrite, rows_per_shard=rows_per_shard) as w:
         w.write_all(rows())

@@ -29,7 +29,8 @@ def summary_rows(metadata: Any, timings_s: dict[str, float] | None = None) -> li
     """Rows ``(label, value)`` summarising a :class:`~seqpack.io.PackedMetadata` (for a rich table).
 
     Includes records read, samples packed, dropped/skipped/truncated/split per reason, tokens, packs
-    vs lower bound, packing efficiency and factor, and the settings that matter for reuse.
+    vs lower bound, packing efficiency and factor, the settings that matter for reuse, and for
+    image-text datasets the image counts and image processor bounds.
     """
     m = metadata
     c = m.counts or {}
@@ -55,6 +56,13 @@ def summary_rows(metadata: Any, timings_s: dict[str, float] | None = None) -> li
         ("tokenizer", f"{m.tokenizer} ({(m.tokenizer_hash or '?')[:12]})"),
         ("fingerprint", (m.fingerprint or "?")[:16]),
     ]
+    media = getattr(m, "media", None)
+    if media:
+        rows.append(("images", f"{c.get('images', media.get('images', 0)):,} in "
+                               f"{c.get('samples_with_images', media.get('samples_with_images', 0)):,} samples, "
+                               f"{c.get('image_tokens', media.get('image_tokens', 0)):,} image tokens"))
+        rows.append(("image processor", f"pixels {media.get('min_pixels')}..{media.get('max_pixels')}, "
+                                        f"patch {media.get('patch_size')}, merge {media.get('merge_size')}"))
     if timings_s:
         rows.append(("time", ", ".join(f"{k} {v:.2f}s" for k, v in timings_s.items())))
     return rows

@@ -68,6 +68,15 @@ def pack(
     planning: str = typer.Option(
         "global", "--planning", help="Ray engine: global (same packs as local) | per_shard (efficiency loss reported)."
     ),
+    image_processor: Optional[Path] = typer.Option(
+        None, "--image-processor",
+        help="Image records: preprocessor_config.json (or its folder) of the Qwen2-VL-style model; default: "
+             "transformers' Qwen2-VL defaults.",
+    ),
+    min_pixels: Optional[int] = typer.Option(None, "--min-pixels", help="Image records: least pixels per resized image."),
+    max_pixels: Optional[int] = typer.Option(
+        None, "--max-pixels", help="Image records: most pixels per resized image (fewer pixels, fewer image tokens)."
+    ),
 ) -> None:
     """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -83,6 +92,11 @@ def pack(
     if engine != "ray" and (num_cpus is not None or planning != "global"):
         _fail("--num-cpus and --planning apply to --engine ray only", 2)
     engine_kw = {"num_cpus": num_cpus, "planning": planning} if engine == "ray" else {}
+    if engine == "ray" and (image_processor is not None or min_pixels is not None or max_pixels is not None):
+        _fail("--image-processor/--min-pixels/--max-pixels apply to --engine local only (image-text data is "
+              "packed by the local engine)", 2)
+    if engine != "ray":
+        engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels}
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -139,13 +153,18 @@ def inspect(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the PNG (default DIR/report.png)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
     as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Also check every shard's sha256 against metadata.json (reads every shard once)."
+    ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
     from seqpack.io import load_packed
     from seqpack.report import plot_report, summary_rows
 
     try:
-        ds = load_packed(path)
+        ds = load_packed(path, verify=verify)
+        if verify and not as_json:
+            _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s)", highlight=False)
         if as_json:
             typer.echo(ds.metadata.to_json(), nl=False)
             return

@@ -88,6 +88,13 @@ class PackedMetadata:
         shards: the Parquet shards, in row order.
         columns: the column names stored per row.
         created_at: ISO-8601 UTC time of writing.
+        media: ``None`` for text-only datasets; for image-text data: ``image_processor`` (the full
+            JSON settings of the Qwen2-VL image processor used, enough to rebuild it with
+            ``seqpack.data.media.load_image_processor``), ``min_pixels``, ``max_pixels``,
+            ``patch_size``, ``merge_size``, ``temporal_patch_size``, the vision token ids
+            (``image_pad_id``, ``vision_start_id``, ``vision_end_id``) and the counts ``images``,
+            ``image_tokens``, ``samples_with_images``. Pixels are not stored (the per-pack ``media``
+            column holds image paths and ``image_grid_thw``).
     """
 
     seq_length: int
@@ -119,6 +126,7 @@ class PackedMetadata:
     format_version: int = FORMAT_VERSION
     seqpack_version: str = ""
     created_at: str = ""
+    media: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -170,10 +178,16 @@ class PackedMetadata:
         """
         p = Path(directory) / METADATA_FILE
         if not p.is_file():
+            d = Path(directory)
+            if d.is_dir() and (d / DATA_DIR).is_dir() and not [x for x in d.iterdir() if x.name != DATA_DIR]:
+                fix = (f"it looks like an incomplete dataset; delete {d} and pack again, or pack into a new "
+                       "directory: `seqpack pack ... --output NEW_DIR`")
+            else:
+                fix = ("pack into a new directory: `seqpack pack ... --output NEW_DIR` (seqpack pack never "
+                       "replaces a directory that is not a packed dataset, even with --overwrite)")
             raise PackedDatasetError(
                 f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} is missing "
-                "(an interrupted write never produces it). Re-run `seqpack pack --output "
-                f"{directory} --overwrite`."
+                f"(a finished `seqpack pack` always writes it last). Fix: check the path, or {fix}."
             )
         try:
             d = json.loads(p.read_text(encoding="utf-8"))

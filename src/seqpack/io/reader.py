@@ -80,6 +80,7 @@ class _Shard:
             # .values ignores a slice offset of arr; offsets are absolute into .values
             self.cols[name] = (offsets, values)
         self.sample_ids = table.column("sample_ids")
+        self.media = table.column("media") if "media" in table.column_names else None
 
     def get(self, name: str, i: int) -> np.ndarray:
         offsets, values = self.cols[name]
@@ -92,14 +93,25 @@ class PackedDataset:
     Works directly as a ``torch.utils.data.Dataset`` (``__getitem__`` + ``__len__``; picklable for
     DataLoader workers: the memory maps are reopened in each worker).
 
+    Image-text packs: ``ds[i].media`` lists one entry per segment (``None`` for text-only ones) with
+    ``images`` (paths), ``image_grid_thw`` (int64 ``[k, 3]``), ``image_tokens`` (int64 ``[k]``) and
+    ``mrope_position_ids`` (int64 ``[3, L]``, the segment's M-RoPE positions); ``ds[i].extra[
+    "mrope_position_ids"]`` holds the row's (int64 ``[3, T]``, restarting per segment). With
+    ``load_media=True`` each entry also gets ``pixel_values`` (float32 ``[sum prod(grid), D]``),
+    recomputed from the image files with the image processor settings stored in ``metadata.json``
+    (cost: opening + resizing every image of the pack, per access); ``seqpack.data.media.collate_media``
+    or the collators concatenate them in pack order.
+
     Attributes:
         path: dataset directory.
         metadata: the :class:`PackedMetadata` read from ``metadata.json``.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: PackedMetadata, *, memory_map: bool = True,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, load_media: bool = False) -> None:
         self.path = Path(path)
+        self.load_media = bool(load_media)
+        self._processor: Any = None
         self.metadata = metadata
         self.memory_map = memory_map
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -188,7 +200,72 @@ class PackedDataset:
         s = self._shard(k)
         out: dict[str, Any] = {name: s.get(name, j) for name in s.cols}
         out["sample_ids"] = s.sample_ids[j].as_py()
+        raw = s.media[j].as_py() if s.media is not None else None
+        out["media"] = json.loads(raw) if raw else None
         return out
+
+    def image_processor(self):
+        """The image processor rebuilt from ``metadata.media["image_processor"]`` (cached).
+
+        Raises:
+            PackedDatasetError: the dataset has no images (no ``media`` section in its metadata).
+        """
+        if self._processor is None:
+            cfg = (self.metadata.media or {}).get("image_processor")
+            if cfg is None:
+                raise PackedDatasetError(f"{self.path}: the dataset holds no images (metadata.json has no media)")
+            from seqpack.data.media import load_image_processor
+
+            self._processor = load_image_processor(cfg)
+        return self._processor
+
+    def _segment_media(self, i: int, c: dict[str, Any]) -> list[Any] | None:
+        raw = c.get("media")
+        if not raw:
+            return None
+        info = self.metadata.media or {}
+        merge = int(info.get("merge_size") or 2)
+        pad_id = info.get("image_pad_id")
+        cu = np.asarray(c["cu_seqlens"], dtype=np.int64)
+        cup = np.asarray(c["cu_seqlens_padded"], dtype=np.int64)
+        out: list[Any] = []
+        for j, m in enumerate(raw):
+            if not m:
+                out.append(None)
+                continue
+            grid = np.asarray(m["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
+            ntok = m.get("image_tokens")
+            seg = {
+                "images": list(m["images"]),
+                "image_grid_thw": grid,
+                "image_tokens": (np.asarray(ntok, dtype=np.int64) if ntok is not None
+                                 else np.prod(grid, axis=1) // merge**2),
+            }
+            if pad_id is not None:
+                from seqpack.data.media import mrope_position_ids
+
+                a = int(cup[j])
+                ids = np.asarray(c["input_ids"][a : a + int(cu[j + 1] - cu[j])])
+                seg["mrope_position_ids"] = mrope_position_ids(ids, grid, merge, int(pad_id))
+            if self.load_media:
+                from seqpack.data.media import process_images
+
+                try:
+                    pv, g2 = process_images(seg["images"], self.image_processor())
+                except (FileNotFoundError, ValueError) as e:
+                    sid = c["sample_ids"][j] if j < len(c["sample_ids"]) else j
+                    raise PackedDatasetError(
+                        f"{self.path}: pack {i}, segment {j} (sample {sid!r}): {e}; the image files must stay "
+                        "where they were when the data was packed (paths are stored in the media column)"
+                    ) from e
+                if not np.array_equal(g2, grid):
+                    raise PackedDatasetError(
+                        f"{self.path}: pack {i}, segment {j}: image grids {g2.tolist()} differ from the stored "
+                        f"{grid.tolist()}: an image file changed since packing; re-pack the data"
+                    )
+                seg["pixel_values"] = pv
+            out.append(seg)
+        return out if any(x is not None for x in out) else None
 
     def __getitem__(self, i: int):
         """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
@@ -201,18 +278,27 @@ class PackedDataset:
         if "final_target_segments" in c:
             has_final_target = np.zeros(len(c["cu_seqlens"]) - 1, dtype=bool)
             has_final_target[np.asarray(c["final_target_segments"], dtype=np.int64)] = True
+        media = self._segment_media(int(i), c)
+        extra: dict[str, Any] = {
+            "pad_to_multiple_of": m.effective_pad_multiple,
+            "seq_length": m.seq_length,
+            "pad_token_id": m.pad_token_id,
+        }
+        if media is not None:
+            from seqpack.data.media import packed_mrope_position_ids
+
+            mrope = packed_mrope_position_ids(media, c["cu_seqlens"], c["cu_seqlens_padded"])
+            if mrope is not None:
+                extra["mrope_position_ids"] = mrope
         return PackedSequence.from_boundaries(
             c["input_ids"],
             c["labels"],
             np.array(c["cu_seqlens"]),  # small: writable copies (torch.from_numpy warns on read-only maps)
             np.array(c["cu_seqlens_padded"]),
             sample_ids=c["sample_ids"],
+            media=media,
             has_final_target=has_final_target,
-            extra={
-                "pad_to_multiple_of": m.effective_pad_multiple,
-                "seq_length": m.seq_length,
-                "pad_token_id": m.pad_token_id,
-            },
+            extra=extra,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -239,6 +325,7 @@ class PackedDataset:
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_shards"] = [None] * len(self._shards)
+        d["_processor"] = None
         return d
 
     def __repr__(self) -> str:
@@ -253,6 +340,8 @@ def load_packed(
     *,
     memory_map: bool = True,
     cache_dir: str | os.PathLike | None = None,
+    verify: bool = False,
+    load_media: bool = False,
 ) -> PackedDataset:
     """Open a packed dataset written by :func:`seqpack.io.write_packed` / ``seqpack pack``.
 
@@ -268,13 +357,20 @@ def load_packed(
             the Parquet shards into RAM.
         cache_dir: where the Arrow cache goes (default ``path/.cache``, or the temp dir if ``path`` is
             read-only).
+        verify: also hash every shard and compare with the sha256 recorded in ``metadata.json``
+            (detects same-size corruption). Cost: reads every shard once in full (sha256 at roughly
+            0.5-1 GB/s on one core), so it is off by default; ``seqpack inspect --verify`` turns it on.
+        load_media: image-text datasets: recompute ``pixel_values`` for every segment's images on
+            access (see :class:`PackedDataset`); the image files must still exist at the stored paths.
 
     Returns:
         :class:`PackedDataset`; ``ds[i]`` is a ``PackedSequence`` whose ``input_ids``/``labels`` have
         length T = ``cu_seqlens_padded[-1]`` <= ``metadata.seq_length``.
 
     Raises:
-        PackedDatasetError: missing/incomplete directory, unknown format, missing or altered shard.
+        PackedDatasetError: missing/incomplete directory, unknown format, missing or altered shard
+            (size, row count, or with ``verify=True`` its sha256), ``load_media=True`` on a dataset
+            without images.
         StalePackedDatasetError: some ``expect`` key differs; the message names every differing key
             with the stored and expected value (case B23: data packed for CP=1 reused with CP=2).
         ValueError: an unknown ``expect`` key.
@@ -293,6 +389,17 @@ def load_packed(
                 f"{p}: shard {s.file} has {f.stat().st_size} bytes, metadata.json says {s.num_bytes}; "
                 "the file was modified or truncated, re-pack the data"
             )
+        if verify:
+            from seqpack.io.fingerprint import sha256_file
+
+            if not s.sha256:
+                raise PackedDatasetError(f"{p}: shard {s.file} has no sha256 in metadata.json; cannot verify it")
+            got = sha256_file(f)
+            if got != s.sha256:
+                raise PackedDatasetError(
+                    f"{p}: shard {s.file} has sha256 {got[:16]}..., metadata.json says {s.sha256[:16]}...; "
+                    "the file was modified or corrupted, re-pack the data"
+                )
         rows = pq.ParquetFile(f).metadata.num_rows
         if rows != s.num_rows:
             raise PackedDatasetError(f"{p}: shard {s.file} has {rows} rows, metadata.json says {s.num_rows}")
@@ -301,4 +408,6 @@ def load_packed(
         raise PackedDatasetError(f"{p}: shards hold {total} packs, metadata.json says num_packs={meta.num_packs}")
     if expect:
         _check_expect(p, meta, expect)
-    return PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir)
+    if load_media and not meta.media:
+        raise PackedDatasetError(f"{p}: load_media=True but the dataset holds no images (metadata.json has no media)")
+    return PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media)

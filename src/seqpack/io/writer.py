@@ -46,6 +46,10 @@ __all__ = ["COLUMNS", "SCHEMA", "PackedWriter", "write_packed", "check_output_di
 #: ``final_target_segments`` = indices of the segments whose last real slot carries an explicit final
 #: target (a truncated sample keeps the first dropped token, case B12). Storing it lets the reader tell
 #: such a label from one that crosses into the next segment (case B03), which ``validate()`` rejects.
+#: ``media`` (nullable JSON string): ``null`` for a pack without images, else a JSON list with one entry
+#: per segment in pack order: ``null`` (text-only segment) or ``{"images": [path, ...],
+#: "image_grid_thw": [[t, h, w], ...], "image_tokens": [n, ...]}``, images in placeholder order. Pixels
+#: are never stored (``load_packed(..., load_media=True)`` recomputes them).
 SCHEMA = pa.schema(
     [
         pa.field("input_ids", pa.list_(pa.int32())),
@@ -56,6 +60,7 @@ SCHEMA = pa.schema(
         pa.field("sample_ids", pa.list_(pa.string())),
         pa.field("num_tokens", pa.int32()),
         pa.field("num_trainable", pa.int32()),
+        pa.field("media", pa.string()),
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
@@ -156,6 +161,7 @@ def _row_arrays(row: Any) -> dict[str, Any]:
     if hft is None:  # duck-typed row without the flag: a non -100 last real label is a final target
         hft = labels[cu[1:] - 1] != -100 if n else np.zeros(0, dtype=bool)
     final_segments = np.flatnonzero(np.asarray(hft, dtype=bool)[:n]).astype(np.int32)
+    media = _media_json(getattr(row, "media", None), n, sample_ids)
     return {
         "input_ids": ids.astype(np.int32, copy=False),
         "labels": labels.astype(np.int32, copy=False),
@@ -165,7 +171,53 @@ def _row_arrays(row: Any) -> dict[str, Any]:
         "sample_ids": sample_ids,
         "num_tokens": int(cu[-1]),
         "num_trainable": int(np.count_nonzero(labels != -100)),
+        "media": media,
     }
+
+
+def _media_json(media: Any, n: int, sample_ids: list[str]) -> str | None:
+    """The ``media`` column of one row: references only (paths, grids, token counts), never pixels.
+
+    Raises:
+        ValueError: wrong number of entries, an image that is not a path/URL string, or images without
+            ``image_grid_thw`` (placeholders never expanded: the row's lengths would leave out the image
+            tokens).
+    """
+    if media is None or not any(m for m in media[:n]):
+        return None
+    if len(media) < n:
+        raise ValueError(f"row has {n} segments but {len(media)} media entries")
+    out: list[Any] = []
+    for j in range(n):
+        m = media[j]
+        images = list((m or {}).get("images") or [])
+        if not images:
+            out.append(None)
+            continue
+        sid = sample_ids[j]
+        bad = [type(x).__name__ for x in images if not isinstance(x, (str, os.PathLike))]
+        if bad:
+            raise ValueError(
+                f"segment {j} (sample {sid!r}) has in-memory image(s) ({', '.join(bad)}); a packed dataset stores "
+                "image paths, not pixels. Save the images to files and reference them by path"
+            )
+        grid = m.get("image_grid_thw")
+        if grid is None:
+            raise ValueError(
+                f"segment {j} (sample {sid!r}) has images but no image_grid_thw: its <image> placeholders were "
+                "not expanded to image tokens, so its length leaves them out. Pack image-text data with "
+                "seqpack.pipeline.pack_dataset / `seqpack pack` (local engine)"
+            )
+        grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
+        if grid.shape[0] != len(images):
+            raise ValueError(f"segment {j} (sample {sid!r}): {len(images)} images but {grid.shape[0]} image grids")
+        ntok = m.get("image_tokens")
+        out.append({
+            "images": [os.fspath(x) for x in images],
+            "image_grid_thw": grid.tolist(),
+            "image_tokens": [int(x) for x in np.asarray(ntok).reshape(-1)] if ntok is not None else None,
+        })
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
 def _list_array(arrs: list[np.ndarray]) -> pa.ListArray:
@@ -254,6 +306,7 @@ class PackedWriter:
                 pa.array(self._buf["sample_ids"], pa.list_(pa.string())),
                 pa.array(self._buf["num_tokens"], pa.int32()),
                 pa.array(self._buf["num_trainable"], pa.int32()),
+                pa.array(self._buf["media"], pa.string()),
             ],
             schema=SCHEMA,
         )
