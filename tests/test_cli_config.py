@@ -58,7 +58,8 @@ def test_validate_json_format(tmp_path):
     p.write_text(json.dumps({"packing": "offline"}))
     r = invoke("validate", str(p), "-f", "json")
     assert r.exit_code == 0 and json.loads(r.output) == {"source": str(p), "valid": True,
-                                                         "effective_pad_multiple": 1, "violations": []}
+                                                         "effective_pad_multiple": 1, "packed_data": None,
+                                                         "notes": [], "violations": []}
 
 
 def test_validate_schema_error_and_missing_file(tmp_path):
@@ -118,3 +119,52 @@ def test_families_command():
     assert "qwen3_next.py" in r.output
     r = invoke("families", "gpt5")
     assert r.exit_code == 1 and "unknown model family" in r.output
+
+
+def test_B23_readme_flow_pack_then_validate_recipe_with_packed_dir(tmp_path):
+    """README: `seqpack pack --tokenizer qwen3 ...` then `seqpack validate <qwen3 recipe> packed/`.
+    Same tokenizer (named 'qwen3' at pack time), CLI default algorithm vs the recipe's: valid, with notes."""
+    packed = tmp_path / "packed"
+    r = invoke("pack", "--tokenizer", "qwen3", "--seq-length", "4096", "--output", str(packed))
+    assert r.exit_code == 0, r.output
+    meta = json.loads((packed / "metadata.json").read_text())
+    assert meta["tokenizer"] == "qwen3" and meta["algorithm"] != "first_fit_shuffle"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(load_recipe("qwen3_sft", tokenizer="Qwen/Qwen3-8B").to_yaml())  # the hub id spelling
+    r = invoke("validate", str(cfg), str(packed))
+    assert r.exit_code == 0, r.output
+    assert f"packed data {packed} fits this config" in r.output
+    assert "note: algorithm: stored" in r.output and "compared by name only" in r.output
+    r = invoke("validate", "qwen3_sft", str(packed), "-f", "json")  # the shipped recipe: hashes compared
+    data = json.loads(r.output)
+    assert r.exit_code == 0 and data["valid"] and data["packed_data"] == str(packed)
+    assert any("hashes equal the stored ones" in n for n in data["notes"])
+    # the positional directory overrides packed_dataset_path; a real staleness key still fails
+    r = invoke("validate", "qwen3_sft_cp2", str(packed), "-f", "json")
+    data = json.loads(r.output)
+    assert r.exit_code == 1 and [v["rule"] for v in data["violations"]] == ["stale_packed_data"]
+    assert data["violations"][0]["keys"] == ["packed_dataset_path", "capacity", "effective_pad_multiple",
+                                             "context_parallel_size"]
+
+
+def test_validate_packed_dir_argument_overrides_and_conflicts(tmp_path):
+    import numpy as np
+
+    from seqpack.data.sample import Sample
+    from seqpack.io import write_packed
+    from seqpack.io.metadata import PackedMetadata
+    from seqpack.packed import build_packed_sequence
+
+    ids = np.arange(1, 6, dtype=np.int32)
+    row = build_packed_sequence([Sample(ids, np.r_[ids[1:], -100].astype(np.int32), sample_id="a")],
+                                pad_token_id=0, seq_length=8)
+    good = tmp_path / "good"
+    write_packed([row], good, PackedMetadata(seq_length=8, algorithm="first_fit_shuffle"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"seq_length: 8\npacked_dataset_path: {tmp_path / 'gone'}\n")
+    r = invoke("validate", str(cfg))
+    assert r.exit_code == 1 and "packed_data_unreadable" in r.output
+    r = invoke("validate", str(cfg), str(good))
+    assert r.exit_code == 0 and "note: algorithm: stored 'first_fit_shuffle'" in r.output
+    r = invoke("validate", str(cfg), str(good), "--no-check-data")
+    assert r.exit_code == 2 and "--no-check-data" in r.output

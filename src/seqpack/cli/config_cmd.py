@@ -22,6 +22,9 @@ def _console() -> Console:
 @app.command("validate")
 def validate_cmd(
     config: Path = typer.Argument(..., help="Packing config (.yaml/.yml/.json) or a recipe name."),
+    packed_dir: Optional[Path] = typer.Argument(
+        None, help="Packed dataset directory to check against the config (overrides packed_dataset_path).",
+    ),
     output_format: str = typer.Option("table", "--format", "-f", help="table | json"),
     check_data: bool = typer.Option(
         True, "--check-data/--no-check-data",
@@ -30,9 +33,10 @@ def validate_cmd(
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
 
-    CONFIG may also be a recipe name (see `seqpack recipe`). With packed_dataset_path set, the stored
-    dataset's metadata is compared with the config too (capacity, pad multiple, CP size, algorithm,
-    tokenizer), unless --no-check-data.
+    CONFIG may also be a recipe name (see `seqpack recipe`). With PACKED_DIR, or packed_dataset_path
+    set in the config, the stored dataset's metadata is compared with the config too: capacity,
+    effective pad multiple, CP size, train_on and tokenizer identity are violations; a different
+    algorithm is only a note (unless --no-check-data).
     """
     from seqpack.config import ConfigValidationError, PackingConfig, list_recipes, load_recipe
 
@@ -40,7 +44,13 @@ def validate_cmd(
     if output_format not in ("table", "json"):
         console.print(f"[red]--format must be 'table' or 'json', got {escape(repr(output_format))}[/red]")
         raise typer.Exit(2)
+    if packed_dir is not None and not check_data:
+        console.print("[red]PACKED_DIR asks for a data check but --no-check-data turns it off; drop one of "
+                      "them[/red]")
+        raise typer.Exit(2)
     source = str(config)
+    notes: list[str] = []
+    data_path: Optional[str] = None
     try:
         if not config.exists() and str(config) in list_recipes():
             cfg = load_recipe(str(config))
@@ -49,7 +59,9 @@ def validate_cmd(
             cfg = PackingConfig.from_file(config)
         violations = cfg.violations()
         if check_data:
-            violations += cfg.packed_data_violations()
+            checked = cfg.check_packed_data(packed_dir)
+            violations += checked.violations
+            notes, data_path = checked.notes, checked.path
     except FileNotFoundError as e:
         console.print(f"[red]{escape(str(e))}[/red] (recipes: {', '.join(list_recipes())})")
         raise typer.Exit(1)
@@ -59,19 +71,23 @@ def validate_cmd(
     if output_format == "json":
         typer.echo(json.dumps({"source": source, "valid": not violations,
                                "effective_pad_multiple": cfg.effective_pad_multiple if cfg else None,
+                               "packed_data": data_path, "notes": notes,
                                "violations": [v.to_dict() for v in violations]}, indent=2))
         raise typer.Exit(0 if not violations else 1)
 
     if not violations:
         console.print(
-            f"[green]OK[/green] {source}: packing={cfg.packing.value}, seq_length={cfg.seq_length}, "
+            f"[green]OK[/green] {escape(source)}: packing={cfg.packing.value}, seq_length={cfg.seq_length}, "
             f"effective_pad_multiple={cfg.effective_pad_multiple}, micro_batch_size={cfg.micro_batch_size}, "
             f"context_parallel_size={cfg.context_parallel_size}"
-            + (f", model_family={cfg.model_family}" if cfg.model_family else "")
+            + (f", model_family={escape(cfg.model_family)}" if cfg.model_family else "")
         )
+        if data_path is not None:
+            console.print(f"[green]OK[/green] packed data {escape(data_path)} fits this config")
+        _print_notes(console, notes)
         raise typer.Exit(0)
 
-    table = Table(title=f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}",
+    table = Table(title=escape(f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"),
                   show_lines=True, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("rule", no_wrap=True)
@@ -80,9 +96,15 @@ def validate_cmd(
     table.add_column("fix", ratio=2, overflow="fold")
     for i, v in enumerate(violations, 1):
         rule = v.rule + (f"\n(case {v.case})" if v.case else "")
-        table.add_row(str(i), rule, "\n".join(v.keys), v.problem, v.fix)
+        table.add_row(str(i), escape(rule), escape("\n".join(v.keys)), escape(v.problem), escape(v.fix))
     console.print(table)
+    _print_notes(console, notes)
     raise typer.Exit(1)
+
+
+def _print_notes(console: Console, notes: list[str]) -> None:
+    for n in notes:
+        console.print(f"[yellow]note[/yellow]: {escape(n)}")
 
 
 @app.command("recipe")

@@ -7,10 +7,11 @@ Typical use::
     cfg = PackingConfig.from_file("packing.yaml").validate()   # raises ConfigValidationError
     multiple = cfg.effective_pad_multiple                       # pass to planner AND builder
     ds = seqpack.io.load_packed(path, expect=cfg.packed_data_expectations())
+    cfg.check_packed_data("packed/")   # + tokenizer identity (hash or alias table), notes
 """
 
 from seqpack.config.errors import ConfigValidationError, Violation
-from seqpack.config.model import ALGORITHM_VALUES, AttentionBackend, PackingConfig, PackingMode
+from seqpack.config.model import ALGORITHM_VALUES, AttentionBackend, PackedDataCheck, PackingConfig, PackingMode
 from seqpack.config.recipes import list_recipes, load_recipe, recipe_descriptions, recipe_text
 from seqpack.config.registry import ModelFamily, OptOut, get_family, list_families, load_registry
 from seqpack.config.rules import RULES
@@ -21,6 +22,7 @@ __all__ = [
     "ConfigValidationError",
     "ModelFamily",
     "OptOut",
+    "PackedDataCheck",
     "PackingConfig",
     "PackingMode",
     "RULES",

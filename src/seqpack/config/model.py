@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -41,7 +42,26 @@ except ImportError:  # pragma: no cover - only while seqpack.algorithms is being
     )
     DEFAULT_ALGORITHM_VALUE = "first_fit_decreasing"
 
-__all__ = ["AttentionBackend", "PackingConfig", "PackingMode", "ALGORITHM_VALUES"]
+#: ``train_on`` values of ``seqpack.data.prepare`` (kept here: config must not import the data layer).
+TRAIN_ON_VALUES: tuple[str, ...] = ("assistant", "all")
+
+__all__ = ["AttentionBackend", "PackedDataCheck", "PackingConfig", "PackingMode", "ALGORITHM_VALUES",
+           "TRAIN_ON_VALUES"]
+
+
+@dataclass(frozen=True)
+class PackedDataCheck:
+    """Result of :meth:`PackingConfig.check_packed_data`.
+
+    Attributes:
+        path: the packed dataset directory checked (None: no path given or configured).
+        violations: ``[]`` or one ``stale_packed_data`` / ``packed_data_unreadable`` violation.
+        notes: differences that do not make the data stale, and how the tokenizer was compared.
+    """
+
+    path: str | None
+    violations: list[Violation]
+    notes: list[str]
 
 
 class PackingMode(str, Enum):
@@ -124,7 +144,13 @@ class PackingConfig(BaseModel):
         None, validation_alias=_alias("packed_metadata_path", "packed_metadata"),
         description="Metadata JSON of the packed dataset (needed by pad_cu_seqlens).",
     )
-    tokenizer: str | None = Field(None, description="Tokenizer name/path the data is tokenized with.")
+    tokenizer: str | None = Field(
+        None, description="Tokenizer the data is tokenized with: 'qwen3' (embedded), a local folder or a hub id.",
+    )
+    train_on: str | None = Field(
+        None, description="Label convention of the data: 'assistant' (assistant turns only) or 'all'; "
+        "None = not checked against stored data.",
+    )
 
     # --- batching ---
     micro_batch_size: int = Field(1, ge=1)
@@ -206,6 +232,13 @@ class PackingConfig(BaseModel):
             raise ValueError(f"unknown packing algorithm {v!r}{hint}; choose one of {', '.join(ALGORITHM_VALUES)}")
         return v
 
+    @field_validator("train_on", mode="before")
+    @classmethod
+    def _check_train_on(cls, v: Any) -> str | None:
+        if v is None or v in TRAIN_ON_VALUES:
+            return v
+        raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON_VALUES)} (or null), got {v!r}")
+
     @field_validator("fp8", mode="before")
     @classmethod
     def _norm_fp8(cls, v: Any) -> str | None:
@@ -251,53 +284,97 @@ class PackingConfig(BaseModel):
         return bool(fam and fam.is_multimodal)
 
     def packed_data_expectations(self) -> dict[str, Any]:
-        """Settings a stored packed dataset must have been built with, for
+        """Settings that change the tensor contract of stored packed data, for
         ``seqpack.io.load_packed(path, expect=cfg.packed_data_expectations())`` (case B23).
 
         Returns:
-            dict with ``capacity`` (= ``seq_length``), ``pad_to_multiple_of`` (the user multiple),
-            ``effective_pad_multiple``, ``context_parallel_size``, ``algorithm`` and, when set,
-            ``tokenizer``. Keys are names ``load_packed`` accepts; the comparison itself is io's.
+            dict with ``capacity`` (= ``seq_length``), ``effective_pad_multiple``,
+            ``context_parallel_size`` and, when set, ``train_on``. Keys are names ``load_packed``
+            accepts; io compares them by equality. Not included: ``algorithm`` and the user
+            ``pad_to_multiple_of`` (they change which samples share a row, not the row contract:
+            :meth:`check_packed_data` reports them as notes) and ``tokenizer`` (a name is not an
+            identity: :meth:`check_packed_data` compares tokenizers by hash or alias table).
         """
         exp: dict[str, Any] = {
             "capacity": self.seq_length,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
             "effective_pad_multiple": self.effective_pad_multiple,
             "context_parallel_size": self.context_parallel_size,
-            "algorithm": self.algorithm,
         }
-        if self.tokenizer is not None:
-            exp["tokenizer"] = self.tokenizer
+        if self.train_on is not None:
+            exp["train_on"] = self.train_on
         return exp
 
-    def packed_data_violations(self) -> list[Violation]:
-        """Check the stored packed dataset at ``packed_dataset_path`` against this config (case B23).
+    def check_packed_data(self, path: str | Path | None = None) -> "PackedDataCheck":
+        """Check a stored packed dataset against this config (case B23); reads metadata only.
 
-        Opens the dataset lazily with ``seqpack.io.load_packed(path, expect=self.packed_data_expectations())``
-        (io owns the comparison; no rows are read). Not part of :meth:`validate`, which never touches disk.
+        Violations (the data is stale: the rows do not fit this run's tensor contract):
+        ``capacity`` (``seq_length``), ``effective_pad_multiple``, ``context_parallel_size``,
+        ``train_on`` (when the config sets it) and the tokenizer identity
+        (:func:`seqpack.config.tokenizers.compare_tokenizer`: hashes when the config's tokenizer loads
+        offline, else normalised names through an alias table; the message says which).
+        Notes (reported, not violations): a different ``algorithm`` or user ``pad_to_multiple_of`` with
+        the same effective multiple, and how the tokenizer was compared.
+
+        Args:
+            path: the packed dataset directory; default ``packed_dataset_path``.
 
         Returns:
-            ``[]`` when no path is set or the data matches; otherwise one ``stale_packed_data``
-            violation (settings differ, with io's stored-vs-expected list) or ``packed_data_unreadable``
-            (missing directory, missing/altered shard, unknown format).
+            :class:`PackedDataCheck` with ``violations`` (``[]`` or one ``stale_packed_data`` listing
+            every differing key, or one ``packed_data_unreadable``: missing directory, missing/altered
+            shard, unknown format) and ``notes`` (strings). No path at all gives an empty result.
         """
-        if self.packed_dataset_path is None:
-            return []
+        p = path if path is not None else self.packed_dataset_path
+        if p is None:
+            return PackedDataCheck(None, [], [])
+        p = str(p)
+        from seqpack.config.tokenizers import compare_tokenizer
         from seqpack.io import load_packed
-        from seqpack.io.metadata import PackedDatasetError, StalePackedDatasetError
+        from seqpack.io.metadata import PackedDatasetError, PackedMetadata, StalePackedDatasetError
 
         try:
-            load_packed(self.packed_dataset_path, expect=self.packed_data_expectations(), memory_map=False)
-        except StalePackedDatasetError as e:
-            diffs = ", ".join(f"{k}: stored {s!r} vs config {w!r}" for k, (s, w) in e.diffs.items())
-            return [Violation("stale_packed_data", ("packed_dataset_path", *e.diffs),
-                              f"{self.packed_dataset_path} was packed with other settings ({diffs})",
-                              "re-pack with this config (seqpack pack ... --overwrite) or point "
-                              "packed_dataset_path at data packed for it", case="B23")]
+            try:
+                meta = load_packed(p, expect=self.packed_data_expectations(), memory_map=False).metadata
+                diffs: dict[str, tuple[Any, Any]] = {}
+            except StalePackedDatasetError as e:
+                diffs = dict(e.diffs)
+                meta = PackedMetadata.read(p)
         except (PackedDatasetError, OSError) as e:
-            return [Violation("packed_data_unreadable", ("packed_dataset_path",), str(e),
-                              "run `seqpack pack` for this config, or fix packed_dataset_path")]
-        return []
+            return PackedDataCheck(p, [Violation("packed_data_unreadable", ("packed_dataset_path",), str(e),
+                                                 "run `seqpack pack` for this config, or fix packed_dataset_path")],
+                                   [])
+        problems = [f"{k}: stored {s!r} vs config {w!r}" for k, (s, w) in diffs.items()]
+        keys = list(diffs)
+        notes: list[str] = []
+        if meta.algorithm and meta.algorithm != self.algorithm:
+            notes.append(f"algorithm: stored {meta.algorithm!r} vs config {self.algorithm!r}; this changes which "
+                         "samples share a row, not the row format, so the data is not stale")
+        if meta.pad_to_multiple_of != self.pad_to_multiple_of and "effective_pad_multiple" not in diffs:
+            notes.append(f"pad_to_multiple_of: stored {meta.pad_to_multiple_of} vs config {self.pad_to_multiple_of}, "
+                         f"same effective pad multiple {self.effective_pad_multiple}; not stale")
+        if self.tokenizer is not None:
+            cmp = compare_tokenizer(self.tokenizer, meta.tokenizer, meta.tokenizer_hash, meta.chat_template_hash)
+            if cmp.same is False:
+                problems.append(cmp.detail)
+                keys.append("tokenizer")
+            else:
+                notes.append(cmp.detail)
+        if not problems:
+            return PackedDataCheck(p, [], notes)
+        fix = ("re-pack with this config (seqpack pack ... --overwrite) or point packed_dataset_path at data "
+               "packed for it")
+        if "tokenizer" in keys:
+            fix += (f"; if it is the same tokenizer, set tokenizer: to the name or local folder used for packing "
+                    f"({meta.tokenizer!r}) so the hashes can be compared")
+        return PackedDataCheck(p, [Violation("stale_packed_data", ("packed_dataset_path", *keys),
+                                             f"{p} was packed with other settings ({'; '.join(problems)})",
+                                             fix, case="B23")], notes)
+
+    def packed_data_violations(self, path: str | Path | None = None) -> list[Violation]:
+        """``check_packed_data(path).violations`` (case B23); ``[]`` when no path is set or the data fits.
+
+        Not part of :meth:`validate`, which never touches disk.
+        """
+        return self.check_packed_data(path).violations
 
     # ------------------------------------------------------------------ validation
     def violations(self) -> list[Violation]:
