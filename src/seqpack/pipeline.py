@@ -682,7 +682,9 @@ def pack_dataset(
             )
         raise NothingToPackError(
             f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-            f"({report.by_reason()}); see the reasons above and check --format, --overlength, --on-error"
+            f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
+            "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
+            "with --on-error raise)"
             + (f"; empty input(s): {', '.join(empty)}" if empty else "")
         )
 
