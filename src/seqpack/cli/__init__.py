@@ -7,6 +7,8 @@ def _register() -> None:
     # Importing a module registers its commands on ``app``.
     from seqpack.cli import pack_cmd  # noqa: F401
     from seqpack.cli import config_cmd  # noqa: F401
+    from seqpack.cli import bench_cmd  # noqa: F401
+    from seqpack.cli import train_cmd  # noqa: F401
 
 
 _register()

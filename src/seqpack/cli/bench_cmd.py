@@ -12,18 +12,15 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from seqpack.cli.app import app
+from seqpack.cli.app import app, fail as _fail
 
 bench_app = typer.Typer(help="Measured comparisons with existing packers (JSON + PNG into --out).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-_err = Console(stderr=True)
+from seqpack.cli.app import err_console as _err  # noqa: E402
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    _err.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _repo_root() -> Path:

@@ -9,14 +9,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from seqpack.cli.app import app
+from seqpack.cli.app import app, fail as _fail
 
-_err = Console(stderr=True)
+from seqpack.cli.app import err_console as _err  # noqa: E402
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    _err.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 @app.command("train")
