@@ -201,9 +201,13 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
     """
     from seqpack.data.formats import expand_inputs
 
+    inputs = list(inputs)
+    if inputs and all(isinstance(x, dict) for x in inputs):  # one list of in-memory records
+        return expand_inputs(inputs)
+    expanded = [x for item in inputs for x in expand_inputs([item])]  # per item: repeats are seen here
     out: list[Any] = []
     seen: dict[str, Any] = {}
-    for item in expand_inputs(list(inputs)):
+    for item in expanded:
         if isinstance(item, (str, os.PathLike)):
             key = os.path.realpath(os.fspath(item))
             if key in seen:
