@@ -4,14 +4,24 @@
   source of truth) and :func:`check_divisibility`;
 * context parallelism: :func:`cp_partition_indices`, :func:`slice_for_cp`, :func:`gather_from_cp`
   (per-segment zigzag as in Transformer Engine's THD partitioning), :func:`validate_cp_attention`;
-* data parallelism: :func:`balance_packs` (even work per DP rank per step);
+* data parallelism: :func:`balance_samples` (pack + schedule samples so every step's DP ranks get even
+  tokens and attention cost), :func:`balance_batch` (in-batch), :func:`balance_packs` (fixed packs);
 * reference attention (torch): :mod:`seqpack.parallel.attention`, :mod:`seqpack.parallel.reference`.
 
 Importing this package needs numpy only; the attention reference needs torch.
 """
 
 from seqpack.padding import compute_pad_multiple, round_up  # noqa: F401  (re-export, not reimplemented)
-from seqpack.parallel.balance import BalancePlan, attention_cost, balance_packs, round_robin_plan  # noqa: F401
+from seqpack.parallel.balance import (  # noqa: F401
+    BalancePlan,
+    SampleBalancePlan,
+    attention_cost,
+    balance_batch,
+    balance_packs,
+    balance_samples,
+    cost_ratio_lower_bound,
+    round_robin_plan,
+)
 from seqpack.parallel.cp import (  # noqa: F401
     CP_BOUNDARY_AWARE_BACKENDS,
     CP_BOUNDARY_BLIND_BACKENDS,
@@ -41,5 +51,9 @@ __all__ = [
     "BalancePlan",
     "attention_cost",
     "balance_packs",
+    "balance_samples",
+    "balance_batch",
+    "SampleBalancePlan",
+    "cost_ratio_lower_bound",
     "round_robin_plan",
 ]
