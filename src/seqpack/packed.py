@@ -507,6 +507,82 @@ class PackedSequence:
         return pad_cu_seqlens(self, max_samples_per_bin, pin_max_seqlen=pin_max_seqlen)
 
 
+_SAMPLE_HINT = ("expected seqpack.data.sample.Sample objects or mappings with 'input_ids' and 'labels' "
+                "(labels shifted within the sample: labels[t] = input_ids[t+1] or -100) and an optional "
+                "'sample_id'")
+
+
+def _as_segments(samples: Any) -> list[Any]:
+    """Samples as a list of ``Sample``-like objects; mappings are converted (see build_packed_sequence)."""
+    from collections.abc import Mapping
+
+    if isinstance(samples, Mapping) or hasattr(samples, "input_ids"):
+        raise TypeError(f"build_packed_sequence takes a sequence of samples, got a single "
+                        f"{type(samples).__name__}; wrap it in a list: build_packed_sequence([sample], ...)")
+    if not hasattr(samples, "__len__"):
+        if not hasattr(samples, "__iter__"):
+            raise TypeError(f"build_packed_sequence: samples must be a sequence, got {type(samples).__name__}; "
+                            + _SAMPLE_HINT)
+        samples = list(samples)
+    out = []
+    for i, s in enumerate(samples):
+        if isinstance(s, Mapping):
+            out.append(_sample_from_mapping(s, i))
+        elif all(hasattr(s, a) for a in ("input_ids", "labels", "length", "sample_id")):
+            out.append(s)
+        else:
+            raise TypeError(f"build_packed_sequence: sample at position {i} is a {type(s).__name__}; "
+                            + _SAMPLE_HINT)
+    return out
+
+
+def _sample_from_mapping(d: Any, i: int):
+    from seqpack.data.sample import Sample
+
+    sid = d.get("sample_id")
+    sid = str(sid) if sid is not None else str(i)
+    if d.get("input_ids") is None or d.get("labels") is None:
+        missing = [k for k in ("input_ids", "labels") if d.get(k) is None]
+        raise ValueError(f"build_packed_sequence: sample {sid!r} (position {i}) has no {missing}; "
+                         + _SAMPLE_HINT + ". For unlabeled LM data use the collators, which default labels to "
+                         "the next token")
+
+    def arr(x):
+        if hasattr(x, "detach"):  # torch tensor
+            x = x.detach().cpu().numpy()
+        return np.asarray(x).reshape(-1)
+
+    ids, labels = arr(d["input_ids"]), arr(d["labels"])
+    if ids.shape == labels.shape and ids.size > 1:
+        trained = np.flatnonzero(labels != IGNORE_INDEX)
+        nxt = trained[trained < ids.size - 1]
+        if (trained.size >= 2 and np.array_equal(labels[trained], ids[trained])
+                and not np.array_equal(labels[nxt], ids[nxt + 1])):
+            raise ValueError(
+                f"build_packed_sequence: sample {sid!r} (position {i}) has labels equal to input_ids on every "
+                "trained token: these are unshifted (HF) labels, but seqpack labels are shifted within the "
+                "sample (labels[t] = input_ids[t+1]). Shift them first (seqpack.data.sample.shift_labels), or "
+                "use a collator with label_convention='hf'"
+            )
+    return Sample(ids, labels, sample_id=sid, media=d.get("media"))
+
+
+def _check_pad_token_id(pad_token_id: Any) -> int:
+    hint = "the tokenizer's pad_token_id; Qwen3: tok.pad_token_id"
+    if pad_token_id is None:
+        raise TypeError(f"pad_token_id is required ({hint}); it fills the padding slots, which are never trained")
+    try:
+        v = int(pad_token_id)
+        ok = v == pad_token_id and not isinstance(pad_token_id, bool)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TypeError(f"pad_token_id must be an integer token id ({hint}), got {pad_token_id!r}")
+    if v < 0:
+        raise ValueError(f"pad_token_id must be a token id >= 0 ({hint}), got {v}")
+    return v
+
+
 def build_packed_sequence(
     samples: Sequence[Any],
     *,
@@ -523,9 +599,13 @@ def build_packed_sequence(
     tail (its positions keep counting; case B17 "extend last" policy).
 
     Args:
-        samples: ``Sample`` objects (``input_ids``, ``labels`` int [L], ``sample_id``, ``media``).
+        samples: ``Sample`` objects (``input_ids``, ``labels`` int [L], ``sample_id``, ``media``), or
+            mappings with ``input_ids`` and ``labels`` (lists, numpy arrays or CPU tensors; labels
+            already shifted within the sample as in ``Sample``) and optional ``sample_id`` (default:
+            the position in the pack) / ``media``; they are converted to ``Sample``.
         pad_to_multiple_of: per-segment pad multiple, >= 1.
-        pad_token_id: token id written into padding slots (never used to infer lengths).
+        pad_token_id: token id written into padding slots (never used to infer lengths); required,
+            the tokenizer's ``pad_token_id`` (Qwen3: ``tok.pad_token_id`` = 151643).
         seq_length: capacity in tokens; the padded total must fit.
         pad_to_max_length: pad the row to exactly ``seq_length`` (requires ``seq_length``).
 
@@ -533,12 +613,18 @@ def build_packed_sequence(
         PackedSequence with ``T = seq_length`` (pad_to_max_length) or ``sum(padded lengths)``.
 
     Raises:
-        ValueError: empty sample list; an empty sample; ``seq_length % pad_to_multiple_of != 0``
+        TypeError: ``pad_token_id`` None or not an integer; a sample that is neither a ``Sample`` nor a
+            mapping with ``input_ids``/``labels``; a single sample instead of a sequence of them.
+        ValueError: empty sample list; an empty sample; a mapping without ``labels`` or whose labels
+            look unshifted (HF convention: ``labels[t] == input_ids[t]`` on every trained token);
+            a negative ``pad_token_id``; ``seq_length % pad_to_multiple_of != 0``
             (names both keys); padded total > ``seq_length`` (names sample ids and lengths);
             ``pad_to_max_length`` without ``seq_length``.
     """
     from seqpack.padding import round_up
 
+    samples = _as_segments(samples)
+    pad_token_id = _check_pad_token_id(pad_token_id)
     if len(samples) == 0:
         raise ValueError("build_packed_sequence: empty sample list; a packed row needs at least one sample")
     m = int(pad_to_multiple_of)

@@ -142,6 +142,21 @@ def sample_length(item: Any) -> int:
         ) from None
 
 
+#: how many dropped samples a warning names (the rest are counted; full lists are in ``stats``)
+_LOG_FIRST = 5
+
+
+def _first_names(bad, item_of, lens, padded, keys=None) -> str:
+    """``name (length L)`` of the first :data:`_LOG_FIRST` positions in ``bad``, then ``... and N more``."""
+    shown = [
+        f"{_sample_name(item_of(int(i)), int(keys[i]) if keys is not None else int(i))} length {int(lens[i])}"
+        + (f" (padded {int(padded[i])})" if padded[i] != lens[i] else "")
+        for i in bad[:_LOG_FIRST]
+    ]
+    more = len(bad) - len(shown)
+    return "; ".join(shown) + (f"; ... and {more} more" if more > 0 else "")
+
+
 def _sample_name(item: Any, key: int) -> str:
     sid = getattr(item, "sample_id", None)
     if sid is None and isinstance(item, dict):
@@ -217,7 +232,8 @@ def select_samples_to_pack(
             its own buffer and expects deterministic selection).
         length_fn: item -> tokens.
         overlength: ``"error"`` raises for an item longer than ``capacity`` (after rounding);
-            ``"drop"`` leaves it out and logs a warning naming it.
+            ``"drop"`` leaves it out; one warning per call gives the count and names the first five
+            (each drop is logged at DEBUG level).
 
     Returns:
         list of packs, each a list of the original items; every item appears in exactly one pack
@@ -237,13 +253,17 @@ def select_samples_to_pack(
     for i in bad:
         msg = (
             f"{_sample_name(samples[i], int(i))} has length {int(lens[i])} (padded {int(padded[i])}), "
-            f"which does not fit capacity {capacity}; truncate or drop it when preparing the data, or "
-            "pass overlength='drop'"
+            f"which does not fit capacity {capacity}"
         )
         if overlength == "error":
-            raise ValueError(msg)
-        logger.warning("select_samples_to_pack: dropping %s", msg)
+            raise ValueError(msg + "; truncate or drop it when preparing the data, or pass overlength='drop'")
+        logger.debug("select_samples_to_pack: dropping %s", msg)
         keep[i] = False
+    if len(bad) and overlength == "drop":  # one line per call, not one per sample
+        logger.warning(
+            "select_samples_to_pack: dropped %d over-length sample(s) of %d (capacity %d, overlength='drop'): %s",
+            len(bad), len(samples), capacity, _first_names(bad, lambda i: samples[i], lens, padded),
+        )
     idx = np.flatnonzero(keep)
     if len(idx) == 0:
         return []
@@ -372,7 +392,10 @@ class StreamingPacker(IterableDataset):
         rank, world_size: data-parallel position; ``None`` reads ``torch.distributed`` when
             initialised, else 0 / 1.
         drop_last: drop the least-filled final pack of the epoch when it is not full (counted).
-        overlength: ``"error"`` (default) or ``"drop"`` for samples longer than ``capacity``.
+        overlength: ``"error"`` (default) or ``"drop"`` for samples longer than ``capacity``. Drops
+            are logged in aggregate: one warning at the first drop of an epoch, one summary (count +
+            first five source keys) at its end, each drop at DEBUG level; every dropped source key is
+            in ``stats["overlength_dropped"]``.
         output: ``"packed"`` (PackedSequence), ``"samples"`` (list of items) or ``"indices"``
             (int64 array of source keys).
         carry_fill: packs with load below ``carry_fill * capacity`` may be carried over (0 = never).
@@ -794,8 +817,17 @@ class StreamingPacker(IterableDataset):
                         msg + "; truncate/drop it when preparing the data (overlength='truncate'|'drop' in "
                         "seqpack.data.prepare) or pass overlength='drop' to StreamingPacker"
                     )
-                logger.warning("StreamingPacker: dropping %s (overlength='drop')", msg)
+                logger.debug("StreamingPacker: dropping %s (overlength='drop')", msg)
                 run.stats["overlength_dropped"].append(int(ks[i]))
+            # aggregated: the first drop of an epoch is announced once; _log_end gives the count and the
+            # first keys; the full list is in stats["overlength_dropped"]
+            if self.overlength == "drop" and len(run.stats["overlength_dropped"]) == len(bad):
+                logger.warning(
+                    "StreamingPacker (rank %d): dropping over-length samples (overlength='drop', capacity %d), "
+                    "first: %s; further drops are not logged one by one: see .stats['overlength_dropped'] and the "
+                    "summary at the end of the epoch", self.rank, self.capacity,
+                    _first_names(bad, lambda i: items[i] if items is not None else None, lens, padded, ks),
+                )
             keep = np.ones(len(ks), bool)
             keep[bad] = False
             return ks[keep], lens[keep], np.flatnonzero(keep)
@@ -870,8 +902,10 @@ class StreamingPacker(IterableDataset):
                 "(source keys %s)", self.rank, run.epoch, len(st["dropped_last"]), st["dropped_last"][:20],
             )
         if st["overlength_dropped"]:
+            n = len(st["overlength_dropped"])
             logger.warning(
-                "StreamingPacker (rank %d): %d over-length samples dropped in epoch %d (source keys %s)",
-                self.rank, len(st["overlength_dropped"]), run.epoch, st["overlength_dropped"][:20],
+                "StreamingPacker (rank %d): %d over-length sample(s) dropped in epoch %d (source keys %s%s; "
+                "all in .stats['overlength_dropped'])",
+                self.rank, n, run.epoch, st["overlength_dropped"][:_LOG_FIRST], ", ..." if n > _LOG_FIRST else "",
             )
 

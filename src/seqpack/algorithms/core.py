@@ -132,10 +132,22 @@ def _as_int(name: str, value) -> int:
 
 
 def _validate_lengths(lengths) -> np.ndarray:
+    if isinstance(lengths, (set, frozenset, dict, str, bytes)):
+        raise TypeError(
+            f"lengths must be an ordered 1-D sequence of integer token counts (list, tuple, numpy array, "
+            f"generator ...), got {type(lengths).__name__}; plan indices refer to positions, so a "
+            f"{type(lengths).__name__} has none"
+        )
     arr = np.asarray(lengths)
+    if arr.ndim == 0 and arr.dtype == object and hasattr(lengths, "__iter__"):
+        # a generator / iterator / other iterable: numpy wraps it as a 0-d object array
+        arr = np.asarray(list(lengths))
     if arr.ndim != 1:
+        what = (f"a single value {lengths!r}" if arr.ndim == 0
+                else f"an array of shape {arr.shape}")
         raise ValueError(
-            f"lengths must be a 1-D sequence of integer token counts, got an array of shape {arr.shape}"
+            f"lengths must be a 1-D sequence of integer token counts (list, numpy array or any iterable of "
+            f"ints), got {what}"
         )
     if arr.size == 0:
         return np.zeros(0, np.int64)
@@ -444,7 +456,8 @@ def pack_lengths(
     """Pack sample lengths into packs of at most ``capacity`` tokens.
 
     Args:
-        lengths: 1-D list/array of integer token counts (any int dtype), each in [1, capacity].
+        lengths: 1-D list/array of integer token counts (any int dtype), each in [1, capacity], or
+            any ordered iterable of ints (a generator is consumed once); sets/dicts are refused.
         capacity: tokens per pack (the packed row length, ``seq_length``), any integer >= 1.
         algorithm: a :class:`PackingAlgorithm` or its name; default :data:`DEFAULT_ALGORITHM`
             (``balanced_best_fit``).
@@ -461,8 +474,9 @@ def pack_lengths(
         are padded token counts. Empty input gives an empty plan.
 
     Raises:
-        TypeError: non-integer ``lengths`` dtype, or non-integer ``capacity``/``pad_to_multiple_of``.
-        ValueError: ``lengths`` not 1-D; a length < 1 or > capacity (names the first offending
+        TypeError: non-integer ``lengths`` dtype, unordered ``lengths`` (set, dict), or non-integer
+            ``capacity``/``pad_to_multiple_of``.
+        ValueError: ``lengths`` not 1-D (a scalar, a 2-D array); a length < 1 or > capacity (names the first offending
             indices and values; the over-length policy lives upstream in ``seqpack.data``,
             ``overlength=truncate|drop|split|error``); ``capacity`` < 1; ``pad_to_multiple_of`` < 1;
             ``capacity % pad_to_multiple_of != 0``; ``capacity // pad_to_multiple_of`` above
