@@ -204,7 +204,7 @@ def test_forced_format_is_used():
     assert norm(rec, "sharegpt").format == "sharegpt"
     with pytest.raises(DataFormatError) as ei:
         norm({"conversations": []}, "alpaca")
-    assert ei.value.reason == "bad_content_type"  # missing instruction is not a string
+    assert ei.value.reason == "missing_key" and "missing key 'instruction'" in str(ei.value)
 
 
 # ------------------------------------------------------------------------------------- bad input

@@ -27,12 +27,24 @@ are wrapped into that form.
 
 Every problem raises ``DataFormatError`` naming the file, the line (JSONL, 1-based) or the index
 (JSON array / Parquet row / dataset row, 0-based) and the fix.
+
+Text files are UTF-8 (a leading UTF-8 byte-order mark is accepted). JSONL is decoded line by line, so a
+line that is not valid UTF-8 is one bad record (``reason="bad_encoding"``), skippable like malformed
+JSON; in a ``.json`` array it makes the whole file unreadable.
+
+Arrow-sourced records (Parquet files, HF ``datasets``) are cleaned of ``None``-valued keys, recursively
+(``strip_arrow_nulls``): Arrow stores one struct type per column, the union of the keys of all rows,
+and fills a key that a row lacks with ``None``; without the cleaning, every tool schema or tool-call
+argument object would gain the other rows' keys as ``null`` and render differently from the JSONL
+source. Consequence: an explicit ``null`` inside a Parquet / dataset row is indistinguishable from an
+absent key and is dropped too; JSON / JSONL files and in-memory record lists keep every ``null``.
 """
 
 from __future__ import annotations
 
 import glob as _glob
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +60,14 @@ __all__ = [
     "normalize_record",
     "expand_inputs",
     "iter_records",
+    "strip_arrow_nulls",
 ]
 
 FORMATS = ("alpaca", "sharegpt", "openai", "llava")
 IMAGE_PLACEHOLDER = "<image>"
+
+logger = logging.getLogger(__name__)
+_BOM = b"\xef\xbb\xbf"
 
 _SHAREGPT_ROLES = {
     "human": "user",
@@ -81,7 +97,8 @@ class DataFormatError(ValueError):
         reason: short machine-readable key (``"malformed_json"``, ``"unknown_format"``,
             ``"empty_conversation"``, ``"no_assistant_turn"``, ``"unknown_role"``,
             ``"bad_content_type"``, ``"bad_tool_call"``, ``"bad_tools"``, ``"missing_image"``,
-            ``"image_placeholder_mismatch"``, ``"bad_input"``; from rendering: ``"template_error"``,
+            ``"image_placeholder_mismatch"``, ``"bad_input"``, ``"bad_encoding"`` (not UTF-8),
+            ``"missing_key"`` (a forced format's key is absent), ``"empty_assistant_turn"``; from rendering: ``"template_error"``,
             ``"template_unsupported"``, ``"template_span_mismatch"``).
         fix: what the user should change.
     """
@@ -174,6 +191,10 @@ def expand_inputs(inputs: Any) -> list[Any]:
     record dicts) to a list of ``Path`` objects, dataset objects and ``InMemoryRecords``, in the
     given order (globs sorted).
 
+    A file reached twice (the same path given twice, a glob overlapping a path, a symlink to a file
+    already listed) is read once, at its first position: later occurrences are dropped by real path
+    (``os.path.realpath``) and logged at WARNING level on the ``seqpack.data.formats`` logger.
+
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
         DataFormatError: a directory or a ``DatasetDict`` was given.
@@ -216,6 +237,24 @@ def expand_inputs(inputs: Any) -> list[Any]:
         if not p.exists():
             raise FileNotFoundError(f"input file {s!r} does not exist. Fix: check the path (cwd = {os.getcwd()}).")
         out.append(p)
+    return _dedupe_paths(out)
+
+
+def _dedupe_paths(items: list[Any]) -> list[Any]:
+    """Drop files whose real path was already listed (first occurrence wins); datasets are kept."""
+    seen: dict[str, Path] = {}
+    out: list[Any] = []
+    for it in items:
+        if isinstance(it, Path):
+            real = os.path.realpath(it)
+            if real in seen:
+                logger.warning(
+                    "input %s is the same file as %s (listed twice, e.g. by a path and an overlapping glob): "
+                    "read once", it, seen[real]
+                )
+                continue
+            seen[real] = it
+        out.append(it)
     return out
 
 
@@ -249,17 +288,24 @@ def dataset_name(ds: Any) -> str:
 def iter_records(item: Any) -> Iterator[RawRecord]:
     """Yield every record of one input (a ``Path`` or an HF dataset) as a ``RawRecord``.
 
-    JSONL: one record per non-blank line (``index = line - 1``); a malformed line yields a record
-    carrying ``error`` (so it can be skipped and reported). JSON: a top-level array (a file that is
-    really JSONL is read as JSONL). Parquet: one record per row. HF datasets: one per row.
+    JSONL: one record per non-blank line (``index = line - 1``); a line that is not valid UTF-8 or
+    not valid JSON yields a record carrying ``error`` (so it can be skipped and reported). JSON: a
+    top-level array (a file that is really JSONL is read as JSONL). Parquet: one record per row.
+    HF datasets: one per row. A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
+    ``strip_arrow_nulls`` (Arrow's ``None`` fill of absent struct keys is removed; see the module doc).
 
     Raises:
-        DataFormatError: the whole file cannot be parsed, or the extension is unknown.
+        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON),
+            or the extension is unknown.
     """
-    if _is_dataset(item) or isinstance(item, InMemoryRecords):
-        name = item.name if isinstance(item, InMemoryRecords) else dataset_name(item)
+    if isinstance(item, InMemoryRecords):
         for i, row in enumerate(item):
-            yield RawRecord(row, name, i)
+            yield RawRecord(row, item.name, i)
+        return
+    if _is_dataset(item):
+        name = dataset_name(item)
+        for i, row in enumerate(item):
+            yield RawRecord(strip_arrow_nulls(row), name, i)
         return
     path = Path(item)
     src = str(path)
@@ -268,7 +314,7 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
     if suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(path, base)
     elif suffix == ".json":
-        text = path.read_text(encoding="utf-8")
+        text = _decode_whole(path)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -300,7 +346,7 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
         i = 0
         for batch in pf.iter_batches(batch_size=4096):
             for row in batch.to_pylist():
-                yield RawRecord(row, src, i, base_dir=base)
+                yield RawRecord(strip_arrow_nulls(row), src, i, base_dir=base)
                 i += 1
     else:
         raise DataFormatError(
@@ -311,10 +357,63 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
         )
 
 
+def strip_arrow_nulls(value: Any) -> Any:
+    """Return ``value`` with every dict key whose value is ``None`` removed, recursively (through
+    dicts and lists; other objects such as bytes or PIL images are returned as they are).
+
+    Applied to Parquet and HF ``datasets`` rows only: Arrow gives every row of a struct column all the
+    keys seen in any row, filling the absent ones with ``None`` (e.g. a tool schema gains another
+    tool's ``"amount": null`` property). List elements that are ``None`` are kept.
+    """
+    if isinstance(value, dict):
+        return {k: strip_arrow_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [strip_arrow_nulls(v) for v in value]
+    return value
+
+
+def _decode_whole(path: Path) -> str:
+    """Read a whole text file as UTF-8 (a leading BOM is dropped); bad bytes raise with line/column."""
+    data = path.read_bytes()
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataFormatError(
+            f"is not valid UTF-8 (byte 0x{data[e.start]:02x} at line {line}, byte column {col}).",
+            source=str(path),
+            line=line,
+            reason="bad_encoding",
+            fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.json > out.json`), "
+            "or store the records as JSONL, where an undecodable line can be skipped with on_error='skip'.",
+        ) from None
+
+
 def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
+    """One ``RawRecord`` per non-blank line; lines are split on ``\\n`` as bytes and decoded one by one,
+    so bad UTF-8 or bad JSON on one line makes only that record carry an ``error``."""
     src = str(path)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw_line in enumerate(f, start=1):
+            if lineno == 1 and raw_line.startswith(_BOM):
+                raw_line = raw_line[len(_BOM):]
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                err = DataFormatError(
+                    f"not valid UTF-8 (byte 0x{raw_line[e.start]:02x} at byte column {e.start + 1}).",
+                    source=src,
+                    index=lineno - 1,
+                    line=lineno,
+                    reason="bad_encoding",
+                    fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.jsonl > out.jsonl`), "
+                    "or repair / remove this line; on_error='skip' skips and reports it.",
+                )
+                yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
+                continue
             if not line.strip():
                 continue
             try:
@@ -400,8 +499,9 @@ def normalize_record(raw: RawRecord, format: str | None = None) -> Conversation:
         format: one of ``FORMATS`` to force, or ``None`` to detect (``detect_format``).
 
     Raises:
-        DataFormatError: malformed JSON (carried by ``raw``), unknown format, empty conversation,
-            no assistant turn, unknown role, content of the wrong type, bad tool call JSON, missing
+        DataFormatError: malformed JSON or bad UTF-8 (carried by ``raw``), unknown format, a key
+            the forced ``format`` needs is missing, empty conversation, no assistant turn, an empty
+            assistant turn (no text, tool calls or reasoning), unknown role, content of the wrong type, bad tool call JSON, missing
             image file, or a ``<image>`` count that differs from the number of images.
     """
     if raw.error is not None:
@@ -428,6 +528,8 @@ def normalize_record(raw: RawRecord, format: str | None = None) -> Conversation:
             "openai {messages: [{role, content}]} or LLaVA (one of those plus image/images); "
             "rename the columns to these keys.",
         )
+    if format is not None:
+        _check_forced_keys(rec, fmt, detected, ctx)
     if fmt == "alpaca":
         messages, tools = _from_alpaca(rec, ctx), None
     elif fmt in ("sharegpt", "openai", "llava"):
@@ -454,6 +556,29 @@ def normalize_record(raw: RawRecord, format: str | None = None) -> Conversation:
         id=None if rid is None else str(rid),
         format=fmt,
     )
+
+
+_REQUIRED_KEYS = {
+    "alpaca": (("instruction",), ("output",)),
+    "sharegpt": (("conversations",),),
+    "openai": (("messages",),),
+    "llava": (("messages", "conversations"),),
+}
+
+
+def _check_forced_keys(rec: dict, fmt: str, detected: str | None, ctx: _Ctx) -> None:
+    """A forced format's required key is absent (or ``None``): say which, and what the record looks like."""
+    for alternatives in _REQUIRED_KEYS[fmt]:
+        if any(_present(rec, k) for k in alternatives):
+            continue
+        key = " or ".join(repr(k) for k in alternatives)
+        if detected is not None and detected != fmt:
+            hint = f" (record looks like the {detected!r} format; use --format auto, or format=None in Python)"
+            fix = f"use --format auto (format=None) to detect the format per record, or --format {detected}."
+        else:
+            hint = f" (record keys: {sorted(rec)[:12]})"
+            fix = f"give every record the {fmt} key(s) {key}, or rename the column holding them."
+        raise ctx.err(f"missing key {key} required by format {fmt!r}{hint}.", "missing_key", fix)
 
 
 def _text(value: Any, ctx: _Ctx, what: str) -> str:
@@ -709,6 +834,21 @@ def _check_conversation(msgs: list[dict], ctx: _Ctx) -> None:
             "no assistant turn, so there is nothing to train on.",
             "no_assistant_turn",
             "add an assistant turn (gpt / assistant / output) or remove the record.",
+        )
+    turn = 0
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        turn += 1
+        if m["content"].strip() or m.get("tool_calls") or (m.get("reasoning_content") or "").strip():
+            continue
+        raise ctx.err(
+            f"assistant turn {turn} (message {k} of the normalised conversation, 0-based) is empty: content "
+            f"{m['content']!r}, no tool calls, no reasoning; it would train only on the template's end-of-turn "
+            "tokens.",
+            "empty_assistant_turn",
+            "give the assistant turn its text (or tool_calls), or remove the record; on_error='skip' skips "
+            "and reports it.",
         )
 
 

@@ -75,7 +75,9 @@ def prepare(
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
-        ``"<file name>:<index>"``, split fragments ``"<id>#part<k>"``, ``media={"images": [...]}``
+        ``"<file name>:<index>"``, where files sharing a name are told apart by the shortest
+        distinguishing path suffix, ``"a/x.json:0"`` and ``"b/x.json:0"``; a file listed twice, or
+        matched by a path and an overlapping glob, is read once (logged); split fragments ``"<id>#part<k>"``, ``media={"images": [...]}``
         for records with images); ``report.records_read`` = records in the inputs, and every
         record that is not one unchanged sample has an entry (skipped, dropped, truncated, split).
 
@@ -171,27 +173,39 @@ def _skip_entry(raw: RawRecord, sid: str, e: DataFormatError) -> SampleRecord:
 
 
 def _display_names(items: list[Any]) -> list[str]:
-    """Provenance prefix per input: the file name; the full path where two files share a name; a
-    dataset's name, suffixed ``[k]`` where several datasets share it. Keeps sample ids unique."""
-    from .formats import _is_dataset
+    """Provenance prefix of the sample ids, one per input (``items`` from ``expand_inputs``, where a
+    file reached twice is already listed once).
 
-    from .formats import InMemoryRecords
+    A file is named by its file name; files sharing a file name (``a/x.json``, ``b/x.json``) by the
+    shortest suffix of their absolute paths that tells them apart (``"a/x.json"``, ``"b/x.json"``). A
+    dataset is named by its name, suffixed ``[k]`` (k = 0, 1, ... in input order) where several inputs
+    share it. The returned names are unique, so sample ids ``"<name>:<index>"`` are unique.
+    """
+    from .formats import InMemoryRecords, _is_dataset
 
+    is_file = [not (_is_dataset(it) or isinstance(it, InMemoryRecords)) for it in items]
     base = [
-        it.name if isinstance(it, InMemoryRecords) else dataset_name(it) if _is_dataset(it) else Path(it).name
-        for it in items
+        Path(it).name if f else it.name if isinstance(it, InMemoryRecords) else dataset_name(it)
+        for it, f in zip(items, is_file)
     ]
     counts = Counter(base)
+    out = list(base)
+    clashing_files = [i for i, b in enumerate(base) if is_file[i] and counts[b] > 1]
+    if clashing_files:
+        parts = {i: Path(os.path.abspath(items[i])).parts for i in clashing_files}
+        for i in clashing_files:
+            others = [parts[j] for j in clashing_files if j != i and base[j] == base[i]]
+            n = 1
+            while n < len(parts[i]) and any(o[-n:] == parts[i][-n:] for o in others):
+                n += 1
+            out[i] = "/".join(parts[i][-n:]) if n < len(parts[i]) else str(Path(*parts[i]))
+    # datasets sharing a name (and any name still equal to another input's): suffix [k]
+    counts = Counter(out)
     seen: Counter = Counter()
-    out = []
-    for b, it in zip(base, items):
-        if counts[b] == 1:
-            out.append(b)
-        elif _is_dataset(it) or isinstance(it, InMemoryRecords):
-            out.append(f"{b}[{seen[b]}]")
-        else:
-            out.append(str(it))
-        seen[b] += 1
+    for i, name in enumerate(list(out)):
+        if counts[name] > 1:
+            out[i] = f"{name}[{seen[name]}]"
+            seen[name] += 1
     return out
 
 

@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 __all__ = ["TokenizerError", "EMBEDDED", "load_tokenizer", "embedded_tokenizer_path", "tokenizer_fingerprint"]
 
@@ -31,8 +35,78 @@ _TOKENIZER_FILES = (
 )
 
 
-class TokenizerError(RuntimeError):
-    """A tokenizer that cannot be loaded or used for chat data (message names the fix)."""
+class TokenizerError(ValueError, RuntimeError):
+    """A tokenizer that cannot be loaded or used for chat data (message names the fix).
+
+    A ``ValueError`` (the CLI turns ``ValueError`` into a one-line message and exit code 1), and a
+    ``RuntimeError`` as before, so existing ``except RuntimeError`` handlers still catch it.
+    """
+
+
+_OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@contextlib.contextmanager
+def _quiet_hub_logs():
+    """Silence transformers / huggingface_hub logging (retry warnings, tracebacks) for one call."""
+    names = ("transformers", "huggingface_hub")
+    loggers = [logging.getLogger(n) for n in names]
+    old = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, old):
+            lg.setLevel(level)
+
+
+def _offline() -> str | None:
+    """The setting that makes the run offline (``"HF_HUB_OFFLINE=1"``), or ``None``."""
+    for var in _OFFLINE_ENV:
+        if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{var}={os.environ[var]}"
+    try:
+        from huggingface_hub import constants
+
+        if getattr(constants, "HF_HUB_OFFLINE", False):
+            return "HF_HUB_OFFLINE (set when huggingface_hub was imported)"
+    except ImportError:  # pragma: no cover
+        pass
+    return None
+
+
+def _hub_endpoint() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.ENDPOINT)
+    except (ImportError, AttributeError):  # pragma: no cover
+        return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` cannot be reached (DNS or TCP connect within a few seconds), or ``None``."""
+    u = urlparse(endpoint)
+    host = u.hostname or ""
+    port = u.port or (80 if u.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=_HUB_PROBE_TIMEOUT_S):
+            return None
+    except OSError as e:
+        return f"{host}:{port} unreachable ({e.strerror or e})"
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name that can only be a local path, never a hub id (``org/name``)."""
+    return (
+        name.startswith(("/", "./", "../", "~", "."))
+        or name.endswith(("/", os.sep))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+        or (len(name) > 1 and name[1] == ":")
+    )
 
 
 def embedded_tokenizer_path(name: str = "qwen3") -> Path:
@@ -61,7 +135,12 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, require_chat_template: bo
 
     Args:
         name_or_path: ``"qwen3"`` (embedded, offline), a local folder with tokenizer files, or a hub
-            id (loaded through ``AutoTokenizer.from_pretrained``; uses the local HF cache when offline).
+            id, loaded through ``AutoTokenizer.from_pretrained``: from the local HF cache first
+            (``local_files_only=True``); only if it is not cached, and ``HF_HUB_OFFLINE`` /
+            ``TRANSFORMERS_OFFLINE`` are not set, and the hub endpoint answers a TCP connect within
+            3 s, one online attempt. transformers / huggingface_hub logging is silenced during these
+            calls; the failure is one ``TokenizerError`` with the fix. A name that can only be a path
+            (``./x``, ``/x``, ``a/b/c``) and does not exist fails at once.
         require_chat_template: raise when the tokenizer has no chat template (``prepare`` needs one).
         **kwargs: passed to ``AutoTokenizer.from_pretrained``.
 
@@ -82,22 +161,54 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, require_chat_template: bo
         except Exception as e:  # noqa: BLE001 - re-raised with the fix
             raise TokenizerError(f"could not load the embedded {name!r} tokenizer from {path}: {e}") from e
         tok.name_or_path = name  # stable name in fingerprints / metadata
-    else:
-        if Path(name).exists():
-            kwargs.setdefault("local_files_only", True)
+    elif Path(os.path.expanduser(name)).exists():
+        kwargs.setdefault("local_files_only", True)
         try:
-            tok = AutoTokenizer.from_pretrained(name, **kwargs)
+            with _quiet_hub_logs():
+                tok = AutoTokenizer.from_pretrained(os.path.expanduser(name), **kwargs)
         except Exception as e:  # noqa: BLE001
             raise TokenizerError(
-                f"could not load tokenizer {name!r}: {e}. Fix: pass 'qwen3' (embedded), a local folder with "
-                "tokenizer.json / tokenizer_config.json, or a hub id that is in the local HF cache."
+                f"could not load tokenizer from the local folder {name!r}: {e}. Fix: the folder needs "
+                "tokenizer.json and tokenizer_config.json (as saved by tokenizer.save_pretrained)."
             ) from e
+    else:
+        tok = _load_hub_tokenizer(AutoTokenizer, name, kwargs)
     if require_chat_template and not getattr(tok, "chat_template", None):
         raise TokenizerError(
             f"tokenizer {name!r} has no chat template, so chat records cannot be rendered. Fix: use the "
             "tokenizer of an instruct/chat model, or set `tokenizer.chat_template` before calling prepare()."
         )
     return tok
+
+
+def _load_hub_tokenizer(auto: Any, name: str, kwargs: dict[str, Any]):
+    """A name that is not a local path: the local HF cache first, then (unless offline or the hub is
+    unreachable) one online attempt, with transformers / huggingface_hub logging silenced."""
+    fix = (
+        "Fix: pass 'qwen3' (embedded), a local folder with tokenizer.json / tokenizer_config.json, or a hub "
+        "id that is in the local HF cache (download it once where the network is reachable)."
+    )
+    if _looks_like_path(name):
+        raise TokenizerError(f"tokenizer folder {name!r} does not exist (cwd = {os.getcwd()}). {fix}")
+    local_only = bool(kwargs.get("local_files_only"))
+    try:
+        with _quiet_hub_logs():
+            return auto.from_pretrained(name, **{**kwargs, "local_files_only": True})
+    except Exception as e:  # noqa: BLE001 - not in the cache (or broken): decided below
+        cache_error = e
+    why_not_online = (
+        "local_files_only=True" if local_only else _offline() or _hub_unreachable(_hub_endpoint())
+    )
+    if why_not_online is not None:
+        raise TokenizerError(
+            f"tokenizer {name!r} is not a local folder and not in the local Hugging Face cache, and the hub "
+            f"cannot be used ({why_not_online}). {fix}"
+        ) from cache_error
+    try:
+        with _quiet_hub_logs():
+            return auto.from_pretrained(name, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise TokenizerError(f"could not load tokenizer {name!r} from the hub ({_hub_endpoint()}): {e} {fix}") from e
 
 
 def _sha256_bytes(data: bytes) -> str:
