@@ -142,3 +142,18 @@ def test_check_without_path_and_unreadable(tmp_path):
     assert res.path is None and res.violations == [] and res.notes == []
     (v,) = PackingConfig().packed_data_violations(tmp_path / "missing")
     assert v.rule == "packed_data_unreadable" and "does not exist" in v.problem
+
+
+def test_B23_stored_hash_of_serialized_tokenizer_matches_local_folder(tmp_path, qwen3_fp):
+    """Data packed from a hub id (no local folder: the writer hashed the serialized tokenizer) vs a
+    config naming a tokenizer that loads offline and is the same."""
+    import hashlib
+
+    from seqpack.config.tokenizers import _load_embedded
+
+    fresh = _load_embedded("qwen3")  # not the shared session fixture, which other tests may configure
+    h = hashlib.sha256(fresh.backend_tokenizer.to_str().encode()).hexdigest()
+    out = _write(tmp_path / "p", tokenizer="Qwen/Qwen3-8B", tokenizer_hash=h,
+                 chat_template_hash=qwen3_fp["chat_template_sha256"])
+    res = PackingConfig(seq_length=8, tokenizer="qwen3").check_packed_data(out)
+    assert res.violations == [] and any("hash is of the serialized tokenizer" in n for n in res.notes)

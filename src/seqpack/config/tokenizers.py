@@ -8,7 +8,9 @@ literally rejects data that is fine. :func:`compare_tokenizer` compares by ident
 
 1. **Hashes** when the config's tokenizer can be loaded offline (the embedded ``"qwen3"`` or an
    existing local folder): its fingerprint is computed with the same function the writer used and
-   compared with the stored hashes. When the file hashes differ (e.g. a checkpoint folder whose
+   compared with the stored hashes. A stored hash of a tokenizer that had no local folder (a hub id
+   loaded from the HF cache) is the sha256 of its serialized fast tokenizer; that is compared too.
+   When the file hashes differ (e.g. a checkpoint folder whose
    ``tokenizer_config.json`` differs from the embedded copy) but the stored tokenizer can be loaded
    too, the two are the same when their serialized fast tokenizers (vocabulary, merges, normalizer,
    pre-tokenizer, added tokens) and chat templates are identical: then token ids and label masks
@@ -32,6 +34,7 @@ re-uploads: name them by a local folder so their hashes are compared.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -115,6 +118,15 @@ def _load_embedded(name: str):
     return load_tokenizer(name, require_chat_template=False)
 
 
+def _backend_sha256(tok: Any) -> str | None:
+    """sha256 of the serialized fast tokenizer: what ``tokenizer_fingerprint`` stores as the files hash
+    of a tokenizer that has no local folder (e.g. loaded by hub id from the HF cache)."""
+    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        return None
+    return hashlib.sha256(backend.to_str().encode()).hexdigest()
+
+
 def _same_backend(a: Any, b: Any) -> bool:
     """Serialized fast tokenizers equal (``truncation``/``padding`` are runtime settings, ignored)."""
     ja, jb = (getattr(t, "backend_tokenizer", None) or getattr(t, "_tokenizer", None) for t in (a, b))
@@ -183,6 +195,11 @@ def compare_tokenizer(config_name: str, stored_name: str | None, stored_files_ha
                         if (ofp["files_sha256"], ofp["chat_template_sha256"]) != (stored_files_hash,
                                                                                    stored_template_hash):
                             other = None  # the stored folder changed since packing: its content proves nothing
+                if tmpl_eq and _backend_sha256(tok) == stored_files_hash:
+                    return TokenizerComparison(True, "content", (
+                        f"tokenizer {config_name!r} vs stored {stored_name!r}: the stored hash is of the serialized "
+                        "tokenizer (it was loaded without a local folder) and equals this one's; chat-template "
+                        "hashes equal"))
                 if other is not None and _template(tok) == _template(other) and _same_backend(tok, other):
                     return TokenizerComparison(True, "content", (
                         f"tokenizer {config_name!r} vs stored {stored_name!r}: files differ but the serialized "
