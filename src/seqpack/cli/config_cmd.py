@@ -28,7 +28,7 @@ def validate_cmd(
     output_format: str = typer.Option("table", "--format", "-f", help="table | json"),
     check_data: bool = typer.Option(
         True, "--check-data/--no-check-data",
-        help="When packed_dataset_path is set, also check the stored data was packed for this config (B23).",
+        help="With PACKED_DIR or packed_dataset_path, also check the stored data was packed for this config (B23).",
     ),
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
@@ -36,7 +36,7 @@ def validate_cmd(
     CONFIG may also be a recipe name (see `seqpack recipe`). With PACKED_DIR, or packed_dataset_path
     set in the config, the stored dataset's metadata is compared with the config too: capacity,
     effective pad multiple, CP size, train_on and tokenizer identity are violations; a different
-    algorithm is only a note (unless --no-check-data).
+    algorithm is only a note. --no-check-data skips the data check.
     """
     from seqpack.config import ConfigValidationError, PackingConfig, list_recipes, load_recipe
 
