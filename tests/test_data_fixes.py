@@ -111,11 +111,12 @@ def test_invalid_utf8_line_is_one_bad_record(tmp_path, qwen3_tokenizer):
 def test_utf8_bom_is_accepted(tmp_path, qwen3_tokenizer):
     bom = b"\xef\xbb\xbf"
     jl = tmp_path / "a.jsonl"
-    jl.write_bytes(bom + (json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n").encode())
+    jl.write_bytes(bom + (json.dumps(GOOD) + "\r\n\r\n" + json.dumps(GOOD) + "\r\n").encode())  # CRLF too
     js = tmp_path / "b.json"
     js.write_bytes(bom + json.dumps([GOOD, GOOD]).encode())
     samples, rep = prepare([jl, js], qwen3_tokenizer, seq_length=64)
     assert rep.records_read == 4 and not rep.entries
+    assert [s.sample_id for s in samples] == ["a.jsonl:0", "a.jsonl:2", "b.json:0", "b.json:1"]
     assert len({tuple(s.input_ids.tolist()) for s in samples}) == 1
 
 
