@@ -524,9 +524,18 @@ def _as_segments(samples: Any) -> list[Any]:
             raise TypeError(f"build_packed_sequence: samples must be a sequence, got {type(samples).__name__}; "
                             + _SAMPLE_HINT)
         samples = list(samples)
+    ok = _SEGMENT_TYPES
+    if not ok:
+        from seqpack.data.sample import Sample
+
+        ok.add(Sample)
+    if all(type(s) in ok for s in samples):  # hot path: Sample objects, no per-item checks
+        return samples
     out = []
     for i, s in enumerate(samples):
-        if isinstance(s, Mapping):
+        if type(s) in ok:
+            out.append(s)
+        elif isinstance(s, Mapping):
             out.append(_sample_from_mapping(s, i))
         elif all(hasattr(s, a) for a in ("input_ids", "labels", "length", "sample_id")):
             out.append(s)
@@ -534,6 +543,9 @@ def _as_segments(samples: Any) -> list[Any]:
             raise TypeError(f"build_packed_sequence: sample at position {i} is a {type(s).__name__}; "
                             + _SAMPLE_HINT)
     return out
+
+
+_SEGMENT_TYPES: set = set()  # Sample, added on first use (no import of seqpack.data at module load)
 
 
 def _sample_from_mapping(d: Any, i: int):
