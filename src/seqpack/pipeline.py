@@ -134,7 +134,7 @@ def _validate_settings(seq_length: int, pad_to_multiple_of: int, context_paralle
         lo = (seq_length // m) * m
         hint = f"{lo} or {lo + m}" if lo else f"{m}"
         raise PackConfigError(
-            f"seq_length={seq_length} (--seq-length) is not divisible by the pad multiple {m} = compute_pad_multiple("
+            f"seq_length={seq_length} is not divisible by the pad multiple {m} = compute_pad_multiple("
             f"pad_to_multiple_of={pad_to_multiple_of}, context_parallel_size={context_parallel_size})"
             + (" (context parallelism needs every segment padded to 2*CP)" if context_parallel_size > 1 else "")
             + f"; choose --seq-length {hint}, or change --pad-to-multiple-of / --context-parallel-size"
