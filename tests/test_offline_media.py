@@ -276,3 +276,14 @@ def test_offline_media_moved_image_named_at_load(img_dir, qwen3_tokenizer):
     ds = load_packed(res.output, load_media=True)
     with pytest.raises(PackedDatasetError, match=r"pack 0, segment 0 .*a\.jpg"):
         ds[0]
+
+
+def test_offline_media_in_memory_image_refused(img_dir, qwen3_tokenizer):
+    from PIL import Image
+
+    recs = [_rec(Image.new("RGB", (56, 56), (10, 20, 30))), _rec(str(img_dir / "a.jpg"))]
+    with pytest.raises(ValueError, match=r"records:0.*in-memory Image.*save the images to files"):
+        pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, **SMALL)
+    res = pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, on_error="skip", **SMALL)
+    assert [(e.index, e.reason) for e in res.report.entries] == [(0, "bad_media")]
+    assert res.metadata.counts["images"] == 1

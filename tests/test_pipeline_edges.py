@@ -127,3 +127,10 @@ def test_empty_input_among_others_logged(tmp_path, qwen3_tokenizer):
                        seq_length=2048, log=logs.append)
     assert res.metadata.counts["samples_packed"] > 0
     assert any(str(empty) in m and "no record" in m for m in logs)
+
+
+def test_in_memory_records_packed_once(tmp_path, qwen3_tokenizer):
+    recs = _chat(4, "m")
+    res = pack_dataset(recs, tmp_path / "out", tokenizer=qwen3_tokenizer, seq_length=512)
+    ids = sorted(sid for row in res.load() for sid in row.sample_ids)
+    assert ids == [f"records:{i}" for i in range(4)]

@@ -320,13 +320,17 @@ def media_metadata(proc: Any, tok: Any) -> dict[str, Any]:
     }
 
 
+class _InMemoryImageError(ValueError):
+    """An image given as an object (PIL, bytes) where the offline dataset needs a path."""
+
+
 def _image_ref(ref: Any, where: str) -> str:
     if isinstance(ref, dict) and isinstance(ref.get("path"), str) and not ref.get("bytes"):
         ref = ref["path"]
     if isinstance(ref, (str, os.PathLike)):
         s = os.fspath(ref)
         return s if s.startswith(("data:", "http://", "https://", "s3://", "gs://", "hf://")) else os.path.abspath(s)
-    raise ValueError(
+    raise _InMemoryImageError(
         f"{where}: image is an in-memory {type(ref).__name__}; the offline dataset stores image references "
         "(paths), not pixels. Fix: save the images to files and reference them by path, or pack in batch/"
         "streaming mode (seqpack.collate / seqpack.stream with seqpack.data.media.prepare_multimodal)"
@@ -401,6 +405,8 @@ def apply_length_policy(
             raise ValueError(f"{e} (--overlength error)") from e
         except ValueError as e:
             if on_error == "raise":
+                if isinstance(e, _InMemoryImageError):
+                    raise
                 raise ValueError(
                     f"{e}. Fix: correct the image path in the record, or pass --on-error skip "
                     "(on_error='skip') to list such records in report.jsonl and pack the rest"
@@ -659,8 +665,11 @@ def pack_dataset(
 
     # ---- 1. read, normalise, tokenize without a length limit (an image sample's length is only known
     # after its placeholders are expanded), then expand images and apply the over-length policy
+    from seqpack.data.formats import InMemoryRecords
+
+    prep_inputs: Any = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else items
     samples, report = prepare(
-        items, tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
+        prep_inputs, tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
         train_on=train_on, format=fmt, progress=stages,
     )
     if proc is None and any((s.media or {}).get("images") for s in samples):
