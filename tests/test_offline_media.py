@@ -120,6 +120,12 @@ def test_offline_media_reload_pixels(packed_real, vt):
         assert mrope.shape == (3, len(row.input_ids))
         # positions restart per segment
         assert np.all(mrope[:, np.asarray(row.cu_seqlens_padded[:-1])] == 0)
+    # the trainer's image processor settings are checked like the other settings
+    load_packed(packed_real.output, expect={"max_pixels": SMALL["max_pixels"], "merge_size": 2})
+    from seqpack.io import StalePackedDatasetError
+
+    with pytest.raises(StalePackedDatasetError, match=r"max_pixels: stored 50176, expected 1003520"):
+        load_packed(packed_real.output, expect={"max_pixels": 1003520})
     # without load_media no pixels are computed
     assert all("pixel_values" not in m for m in load_packed(packed_real.output)[0].media if m)
 

@@ -44,7 +44,14 @@ EXPECT_KEYS = (
     "pad_token_id",
     "fingerprint",
     "format_version",
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
 )
+#: ``expect`` keys read from ``metadata.media`` (image processor settings; ``None`` for text-only data).
+MEDIA_EXPECT_KEYS = ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size")
 
 
 def _check_expect(path: Path, meta: PackedMetadata, expect: Mapping[str, Any]) -> None:
@@ -53,7 +60,12 @@ def _check_expect(path: Path, meta: PackedMetadata, expect: Mapping[str, Any]) -
         raise ValueError(f"load_packed(expect=...): unknown key(s) {unknown}; known keys: {list(EXPECT_KEYS)}")
     diffs: dict[str, tuple[Any, Any]] = {}
     for k, want in expect.items():
-        stored = meta.seq_length if k == "capacity" else getattr(meta, k)
+        if k == "capacity":
+            stored = meta.seq_length
+        elif k in MEDIA_EXPECT_KEYS:
+            stored = (meta.media or {}).get(k)
+        else:
+            stored = getattr(meta, k)
         if hasattr(want, "value"):  # enums (e.g. PackingAlgorithm)
             want = want.value
         if stored != want:
@@ -352,7 +364,9 @@ def load_packed(
     Args:
         path: dataset directory.
         expect: settings the caller trains with, e.g. ``{"capacity": 4096, "context_parallel_size": 2,
-            "pad_to_multiple_of": 8, "tokenizer_hash": ...}`` (keys: :data:`EXPECT_KEYS`).
+            "pad_to_multiple_of": 8, "tokenizer_hash": ...}`` (keys: :data:`EXPECT_KEYS`; the image
+            processor keys ``min_pixels``, ``max_pixels``, ``patch_size``, ``merge_size``,
+            ``temporal_patch_size`` compare with ``metadata.media``, ``None`` for text-only data).
         memory_map: access rows through a memory-mapped Arrow IPC cache (default) instead of loading
             the Parquet shards into RAM.
         cache_dir: where the Arrow cache goes (default ``path/.cache``, or the temp dir if ``path`` is
