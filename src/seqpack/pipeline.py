@@ -1,5 +1,10 @@
-"""The offline packing job: prepare -> plan -> build rows -> write (used by ``seqpack pack`` and
-:func:`pack_dataset`).
+"""The offline packing job: prepare -> expand images + over-length policy -> plan -> build rows -> write
+(used by ``seqpack pack`` and :func:`pack_dataset`).
+
+Image-text records are packed at their expanded length: every ``<image>`` becomes the model's image-token
+run (``seqpack.data.media``), so packing costs include image tokens, and each pack stores its segments'
+image paths and ``image_grid_thw`` (no pixels; ``load_packed(..., load_media=True)`` recomputes them with
+the image processor settings recorded in ``metadata.json``).
 
 One source of truth for the pad multiple (case B24): :func:`seqpack.padding.compute_pad_multiple` is
 called once here and the same integer goes to the planner (``pack_lengths(..., pad_to_multiple_of=m)``),

@@ -2,7 +2,9 @@
 
 Public API:
     write_packed, PackedWriter   -- write packs atomically (temp dir, fsync, rename; metadata last)
-    load_packed, PackedDataset   -- map-style dataset of PackedSequence, with ``expect=`` staleness check
+    load_packed, PackedDataset   -- map-style dataset of PackedSequence, with ``expect=`` staleness check,
+                                    ``verify=`` shard sha256 check, ``load_media=`` pixel recomputation
+                                    for image-text packs (per-pack ``media`` column: paths + grids)
     PackedMetadata, ShardInfo    -- ``metadata.json`` contents
     compute_fingerprint, describe_input, sha256_file    -- content hashes
     PackedDatasetError, StalePackedDatasetError         -- errors
@@ -18,13 +20,14 @@ from seqpack.io.metadata import (
     ShardInfo,
     StalePackedDatasetError,
 )
-from seqpack.io.reader import EXPECT_KEYS, PackedDataset, load_packed
+from seqpack.io.reader import EXPECT_KEYS, MEDIA_EXPECT_KEYS, PackedDataset, load_packed
 from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, check_output_dir, write_packed
 
 __all__ = [
     "COLUMNS",
     "EXPECT_KEYS",
     "FORMAT_VERSION",
+    "MEDIA_EXPECT_KEYS",
     "METADATA_FILE",
     "REPORT_FILE",
     "SCHEMA",

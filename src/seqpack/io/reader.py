@@ -25,7 +25,7 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 
-__all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS"]
+__all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS", "MEDIA_EXPECT_KEYS"]
 
 #: Keys accepted by ``load_packed(expect=...)`` (aliases: ``capacity`` -> ``seq_length``).
 EXPECT_KEYS = (
