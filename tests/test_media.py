@@ -275,3 +275,15 @@ def test_mrope_positions_match_transformers_and_restart_per_segment(qwen3_tokeni
         assert np.array_equal(pos[:, lo : lo + real], expect)  # restarts at every segment
         if hi > lo + real:  # padding keeps counting
             assert np.array_equal(pos[:, lo + real], np.full(3, expect.max() + 1))
+
+
+def test_collate_media_without_pixels_says_to_load_media():
+    """Offline packs keep image paths and grids only; collating them without pixels names the fix."""
+    from seqpack.data.media import collate_media
+
+    media = [None, {"images": ["/x/a.jpg"], "image_grid_thw": np.array([[1, 4, 4]])}]
+    with pytest.raises(ValueError, match=r"load_media=True"):
+        collate_media(media)
+    assert collate_media([None, {"images": []}]) is None
+    ok = collate_media([{"image_grid_thw": np.array([[1, 2, 2]]), "pixel_values": np.zeros((4, 3))}])
+    assert ok["pixel_values"].shape == (4, 3) and ok["image_grid_thw"].tolist() == [[1, 2, 2]]

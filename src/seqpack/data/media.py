@@ -587,10 +587,18 @@ def collate_media(media: Sequence[dict | None] | None) -> dict[str, np.ndarray] 
     """
     if not media:
         return None
-    pv = [m["pixel_values"] for m in media if m and m.get("image_grid_thw") is not None and len(m["image_grid_thw"])]
-    grids = [m["image_grid_thw"] for m in media if m and m.get("image_grid_thw") is not None and len(m["image_grid_thw"])]
-    if not grids:
+    with_images = [m for m in media if m and m.get("image_grid_thw") is not None and len(m["image_grid_thw"])]
+    if not with_images:
         return None
+    missing = [i for i, m in enumerate(with_images) if m.get("pixel_values") is None]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} segment(s) with images carry image_grid_thw but no pixel_values (e.g. images "
+            f"{with_images[missing[0]].get('images')}). Offline packs store image paths, not pixels: open the "
+            "dataset with seqpack.io.load_packed(path, load_media=True) so pixel_values are recomputed."
+        )
+    pv = [m["pixel_values"] for m in with_images]
+    grids = [m["image_grid_thw"] for m in with_images]
     return {
         "pixel_values": np.concatenate([np.asarray(x, np.float32) for x in pv]),
         "image_grid_thw": np.concatenate([np.asarray(g, np.int64).reshape(-1, 3) for g in grids]),
