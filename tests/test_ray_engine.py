@@ -119,6 +119,21 @@ def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_ray_refuses_image_records_at_tokenize_time(ray_runtime, tmp_path):
+    """Image-text records need the local engine (placeholder expansion); the Ray engine says so before writing."""
+    from PIL import Image
+
+    from seqpack.engines.ray_engine import pack_dataset_ray
+
+    Image.new("RGB", (28, 28), "red").save(tmp_path / "a.png")
+    rec = {"messages": [{"role": "user", "content": "<image>What colour?"},
+                        {"role": "assistant", "content": "Red."}], "images": [str(tmp_path / "a.png")]}
+    (tmp_path / "img.jsonl").write_text(json.dumps(rec) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"local engine only"):
+        pack_dataset_ray([str(tmp_path / "img.jsonl")], tmp_path / "o", seq_length=512)
+    assert not (tmp_path / "o").exists()
+
+
 def test_ray_settings_checked_before_starting_ray(tmp_path):
     from seqpack.engines.ray_engine import pack_dataset_ray
 

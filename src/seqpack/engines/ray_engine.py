@@ -249,6 +249,14 @@ class _ShardWorker:
         except Exception as e:  # bad input: hand the error itself to the driver (Ray keeps only its text)
             summary = pickle.dumps({"error": _pack_exc(e)}, protocol=5)
             return _rows_table(pa, _KIND_SHARD, k, np.array([-1]), {}, summary)
+        with_images = next((x for x in samples if x.media and x.media.get("images")), None)
+        if with_images is not None:  # found at tokenize time, before any planning or writing
+            e = ValueError(
+                f"sample {with_images.sample_id} has images: image-text records are packed by the local engine only "
+                "(it expands each <image> to its image tokens). Fix: run `seqpack pack` without --engine ray, or "
+                "split the image records into their own job."
+            )
+            return _rows_table(pa, _KIND_SHARD, k, np.array([-1]), {}, pickle.dumps({"error": _pack_exc(e)}, protocol=5))
         # prepare() names a lone input by its file name; the driver's name may be the full path
         # (when two inputs share a file name): rewrite the prefix so ids equal the local engine's.
         default = _display_names([item])[0]
