@@ -505,8 +505,9 @@ def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps
                      o["real_tokens_per_s"], o["slot_tokens_per_s"], o.get("speedup_vs_reference"),
                      o.get("ideal_ratio"), o.get("fraction_of_ideal"), o.get("max_abs_loss_delta"), r.losses[-1]])
     print_table(f"train: {cfg.model}, {cfg.attn_implementation}, {cfg.dtype}, {cfg.device}; throughput after "
-                f"{w} warm-up step(s)",
-                ["mode", "steps", "real tok", "slot tok", "pad frac", "real tok/s", "slot tok/s", "speed-up",
+                f"{w} warm-up step(s) (token counts and rates: timed steps only)",
+                ["mode", "steps (all)", "real tok (timed)", "slot tok (timed)", "pad frac", "real tok/s", "slot tok/s",
+                 "speed-up",
                  "ideal", "of ideal", "max |dloss|", "last loss"], rows)
     payload = {
         "benchmark": "train",
