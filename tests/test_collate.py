@@ -80,8 +80,16 @@ def test_packed_collator_flattens_with_offset_boundaries():
     b = PackedCollator()([r0, r1])
     T0 = r0.length
     assert b["input_ids"].shape == (1, T0 + r1.length)
-    assert b["cu_seqlens"].tolist() == [0, 3, 5, 12 + 0 + 6, 12 + 7, 12 + 9]
+    # logical boundaries offset by row 0's REAL tokens (5), physical ones by its width (12)
+    assert b["cu_seqlens"].tolist() == [0, 3, 5, 5 + 6, 5 + 7, 5 + 9]
     assert b["cu_seqlens_padded"].tolist() == [0, 4, 12, 18, 20, 22]
+    assert b["seq_lens"].tolist() == [3, 2, 6, 1, 2]
+    assert b["padding_mask"][0].tolist() == [0, 0, 0, 1] + [0, 0] + [1] * 6 + [0] * 6 + [0, 1] + [0, 0]
+    flat = PackedSequence.from_boundaries(b["input_ids"][0].numpy(), b["labels"][0].numpy(),
+                                          b["cu_seqlens"].numpy(), b["cu_seqlens_padded"].numpy())
+    flat.validate()  # real length <= padded length per segment; padding_mask/seq_idx implied by boundaries
+    assert np.array_equal(flat.padding_mask, b["padding_mask"][0].numpy())
+    assert np.array_equal(flat.seq_idx, b["seq_idx"][0].numpy())
     assert b["num_segments"] == 5 and b["sample_ids"] == ["s0", "s1", "t0", "t1", "t2"]
     assert b["seq_idx"][0, T0:].tolist() == [2] * 6 + [3] * 2 + [4] * 2
     assert b["position_ids"][0, T0:].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 0, 1]
@@ -221,8 +229,17 @@ def test_media_concatenated_in_segment_order():
     b = InBatchPackingCollator(pad_token_id=0)(s)
     assert b["pixel_values"].shape == (12, 6) and b["pixel_values"][:4].eq(1).all() and b["pixel_values"][4:].eq(3).all()
     assert b["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
+    # no M-RoPE table and no way to compute one: the hf format refuses rather than use text positions
+    with pytest.raises(ValueError, match="mrope_position_ids"):
+        InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")(s)
+    s[0].media["mrope_position_ids"] = np.array([[0, 1, 1, 2], [0, 1, 2, 3], [0, 2, 1, 3]])
+    s[2].media["mrope_position_ids"] = np.array([[0, 1, 1, 1, 2], [0, 1, 1, 2, 3], [0, 1, 2, 1, 3]])
     hf = InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")(s)
     assert torch.equal(hf["image_grid_thw"], b["image_grid_thw"])
+    assert hf["position_ids"].shape == (3, 1, 12)
+    assert hf["position_ids"][:, 0, :4].tolist() == s[0].media["mrope_position_ids"].tolist()
+    assert hf["position_ids"][:, 0, 4:7].tolist() == [[0, 1, 2]] * 3  # text segment: 1-D on all axes
+    assert hf["position_ids"][:, 0, 7:].tolist() == s[2].media["mrope_position_ids"].tolist()
     rows = [build_packed_sequence(s[:2], pad_token_id=0), build_packed_sequence(s[2:], pad_token_id=0)]
     p = PackedCollator()(rows)
     assert torch.equal(p["pixel_values"], b["pixel_values"])

@@ -7,8 +7,8 @@ Four pieces, all top-level and picklable (``DataLoader(num_workers>0)`` works), 
   any sequence of ``PackedSequence``.
 - :class:`PaddedCollator` -- the unpacked baseline: right-padded ``[B, S]`` rows (for comparisons).
 - :class:`PackedCollator` -- offline packs -> one THD row; ``B`` packs are flattened into ``[1, sum T]``
-  with **offset** boundaries (row ``i``'s ``cu_seqlens`` shifted by the widths of rows ``< i``;
-  never row 0's boundaries reused).
+  with **offset** boundaries (row ``i``'s logical ``cu_seqlens`` shifted by the real-token counts of
+  rows ``< i``, its ``cu_seqlens_padded`` by their widths; never row 0's boundaries reused).
 - :class:`InBatchPackingCollator` -- packs a micro-batch of unpacked ``Sample`` s at collate time
   (Megatron-Bridge's VLM in-batch packing).
 
@@ -232,7 +232,8 @@ def _finish(input_ids, labels, cu, cup, seg_len, real_len, sample_ids) -> dict[s
 
 
 def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dtype=None,
-                 device=None) -> dict[str, Any]:
+                 device=None, image_token_id: int | None = None,
+                 spatial_merge_size: int | None = None) -> dict[str, Any]:
     """Turn a canonical THD batch into the exact keyword arguments of an HF causal LM's ``forward``.
 
     Args:
@@ -241,13 +242,22 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
         attn_implementation: ``model.config._attn_implementation`` (one of ``HF_ATTN``).
         mask_dtype: dtype of the additive mask for ``eager`` (default float32).
         device: build masks on this device (default: where ``input_ids`` is).
+        image_token_id, spatial_merge_size: the model's ``<|image_pad|>`` id and vision merge size
+            (``config.image_token_id``, ``config.vision_config.spatial_merge_size``); only used to
+            compute M-RoPE positions for a batch with ``image_grid_thw`` but no
+            ``mrope_position_ids`` (``seqpack.hf.packed_forward`` passes them from the config).
 
     Returns:
         dict with ``input_ids, position_ids, labels (HF unshifted), shift_labels`` ``[1, T]`` and the
-        attention inputs described in the module docstring.
+        attention inputs described in the module docstring. Image rows (the batch carries
+        ``mrope_position_ids`` int64 ``[3, T]``, or ``image_grid_thw``) get ``position_ids`` of shape
+        ``[3, 1, T]``: Qwen2-VL M-RoPE positions restarting per segment
+        (``seqpack.data.media.packed_mrope_position_ids``). A ``[1, T]`` ``position_ids`` would make
+        HF Qwen2-VL skip its own ``get_rope_index`` and rotate image tokens with text positions.
 
     Raises:
-        ValueError: unknown ``attn_implementation``.
+        ValueError: unknown ``attn_implementation``; a batch with ``image_grid_thw`` but neither
+            ``mrope_position_ids`` nor ``image_token_id``/``spatial_merge_size`` to compute them.
     """
     from seqpack.adapters import _batch, attention
     from seqpack.adapters.labels import hf_unshifted_labels
@@ -259,6 +269,9 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
         "input_ids": b["input_ids"].to(dev),
         "position_ids": b["position_ids"].to(dev),
     }
+    mrope = _batch_mrope(batch, b, image_token_id, spatial_merge_size)
+    if mrope is not None:
+        out["position_ids"] = mrope[:, None, :].to(dev)  # [3, 1, T], Qwen2-VL's (axes, batch, T)
     if "labels" in b:
         lab = b["labels"]
         cup = b["cu_seqlens_padded"]
@@ -289,6 +302,49 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
 MEDIA_KEYS = ("pixel_values", "image_grid_thw")
 
 
+def _batch_mrope(batch: Mapping[str, Any], b: Mapping[str, Any], image_token_id, merge) -> torch.Tensor | None:
+    """M-RoPE table int64 ``[3, T]`` of a one-row batch, or None for a text row."""
+    m = batch.get("mrope_position_ids")
+    T = int(b["input_ids"].shape[-1])
+    if m is not None:
+        m = torch.as_tensor(m).to(torch.int64)
+        if m.dim() == 3:
+            m = m.reshape(m.shape[0], -1)
+        if m.shape != (3, T):
+            raise ValueError(f"mrope_position_ids has shape {tuple(m.shape)}, expected (3, {T}) (one THD row)")
+        return m
+    grid = batch.get("image_grid_thw")
+    if grid is None or len(grid) == 0:
+        return None
+    if image_token_id is None or not merge:
+        raise ValueError(
+            "the batch has image_grid_thw but no mrope_position_ids, so image tokens would get text positions; "
+            "build samples with seqpack.data.media.prepare_multimodal / open packs with seqpack.io.load_packed "
+            "(both store mrope_position_ids), or pass image_token_id= and spatial_merge_size= "
+            "(seqpack.hf.packed_forward takes them from the model config)")
+    from seqpack.data.media import mrope_position_ids, packed_mrope_position_ids
+
+    ids = b["input_ids"][0].detach().cpu().numpy()
+    cu = b["cu_seqlens"].cpu().numpy().astype(np.int64)
+    cup = b["cu_seqlens_padded"].cpu().numpy().astype(np.int64)
+    grid = np.asarray(torch.as_tensor(grid).cpu().numpy(), np.int64).reshape(-1, 3)
+    media, k = [], 0
+    for j in range(len(cup) - 1):
+        seg = ids[int(cup[j]) : int(cup[j]) + int(cu[j + 1] - cu[j])]
+        is_img = seg == int(image_token_id)
+        runs = int(is_img[0]) + int(np.count_nonzero(np.diff(is_img.astype(np.int8)) == 1)) if seg.size else 0
+        if runs == 0:
+            media.append(None)
+            continue
+        media.append({"mrope_position_ids": mrope_position_ids(seg, grid[k : k + runs], int(merge), int(image_token_id))})
+        k += runs
+    if k != len(grid):
+        raise ValueError(f"the row has {k} image-token runs (image_token_id={image_token_id}) but {len(grid)} "
+                         "image grids in image_grid_thw")
+    table = packed_mrope_position_ids(media, cu, cup)
+    return None if table is None else torch.from_numpy(table)
+
+
 def _add_media(batch: dict[str, Any], media: Sequence[Any]) -> None:
     """Concatenate per-segment media in segment order (``seqpack.data.media.collate_media``)."""
     if not any(m for m in media):
@@ -308,7 +364,7 @@ def _format(batch: dict[str, Any], fmt: str, attn_implementation: str | None, ma
         from seqpack.adapters import to_megatron
 
         out = to_megatron(batch)
-        for k in MEDIA_KEYS:
+        for k in (*MEDIA_KEYS, "mrope_position_ids"):
             if k in batch:
                 out[k] = batch[k]
         return out
@@ -381,10 +437,17 @@ class PackedCollator:
     """Collate offline packs (``PackedSequence`` rows) into ONE THD row.
 
     With micro-batch size 1 the row is the pack itself. With ``B > 1`` packs the per-token fields
-    are concatenated and every boundary array is offset by the widths of the rows before it
-    (``cu_seqlens`` of row ``i`` + ``sum(T_j, j < i)``), so the flattened row has
-    ``sum(N_i)`` segments; static-shape padded boundary arrays (B19) are trimmed to each row's true
-    ``num_segments`` first.
+    are concatenated; ``cu_seqlens_padded`` of row ``i`` is offset by the widths of the rows before
+    it (``+ sum(T_j, j < i)``) and the logical ``cu_seqlens`` by their real-token counts
+    (``+ sum(cu_seqlens_j[-1], j < i)``), so every segment keeps its real length
+    ``cu[s+1] - cu[s]`` at slot offset ``cup[s]`` (Transformer Engine THD-with-padding semantics)
+    and the flattened row has ``sum(N_i)`` segments; static-shape padded boundary arrays (B19) are
+    trimmed to each row's true ``num_segments`` first.
+
+    Image rows: the rows' M-RoPE tables (``PackedSequence.extra["mrope_position_ids"]``, a mapping's
+    ``mrope_position_ids``, or built from the segments' ``media["mrope_position_ids"]``) are
+    concatenated into ``batch["mrope_position_ids"]`` int64 ``[3, T]`` (text rows: their 1-D
+    positions on all axes); ``format="hf"`` sends it as ``position_ids`` ``[3, 1, T]``.
 
     Args:
         format: ``"thd"``, ``"hf"`` or ``"megatron"`` (module docstring).
@@ -407,8 +470,9 @@ class PackedCollator:
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         if len(features) == 0:
             raise ValueError("PackedCollator got an empty batch")
-        ids_l, lab_l, cu_l, cup_l, sids, media = [], [], [], [], [], []
-        off = 0
+        ids_l, lab_l, cu_l, cup_l, sids, media, mropes = [], [], [], [], [], [], []
+        log_off = 0  # real tokens of the rows before: offsets the LOGICAL boundaries
+        off = 0  # slots of the rows before: offsets the PHYSICAL boundaries
         for i, f in enumerate(features):
             cu = _get(f, "cu_seqlens")
             cup = _get(f, "cu_seqlens_padded")
@@ -423,12 +487,21 @@ class PackedCollator:
                 raise ValueError(f"pack {i}: {ids.shape[0]} slots but cu_seqlens_padded[-1] = {int(cup[-1])}")
             ids_l.append(ids)
             lab_l.append(lab)
-            cu_l.append(cu[1:] + off if cu_l else cu + off)
+            if int(cu[0]) != 0 or int(cup[0]) != 0:
+                raise ValueError(f"pack {i}: boundary arrays must start at 0, got cu_seqlens[0]={int(cu[0])}, "
+                                 f"cu_seqlens_padded[0]={int(cup[0])}")
+            # logical boundaries count real tokens only: row i's cu_seqlens shift by the real tokens of
+            # rows < i, its cu_seqlens_padded by their slots, so segment s keeps real length
+            # cu[s+1]-cu[s] at slot offset cup[s] (Transformer Engine THD with padding)
+            cu_l.append(cu[1:] + log_off if cu_l else cu + log_off)
             cup_l.append(cup[1:] + off if cup_l else cup + off)
             s = _get(f, "sample_ids", None)
             sids.extend(list(s) if s is not None else [f"{i}:{j}" for j in range(cu.shape[0] - 1)])
             m = _get(f, "media", None)
-            media.extend(list(m) if m is not None else [None] * (cu.shape[0] - 1))
+            seg_media = list(m) if m is not None else [None] * (cu.shape[0] - 1)
+            media.extend(seg_media)
+            mropes.append(_row_mrope(f, seg_media, cu, cup, i))
+            log_off += int(cu[-1])
             off += ids.shape[0]
         cu = np.concatenate(cu_l)
         cup = np.concatenate(cup_l)
@@ -437,8 +510,53 @@ class PackedCollator:
         input_ids = np.concatenate(ids_l) if len(ids_l) > 1 else ids_l[0].copy()
         labels = np.concatenate(lab_l) if len(lab_l) > 1 else lab_l[0].copy()
         batch = _finish(input_ids, labels, cu, cup, seg_len, real_len, sids)
+        if any(m is not None for m in mropes):
+            # rows without a table keep 1-D positions on all three axes (text-only rows)
+            full = batch["position_ids"][0].expand(3, -1).clone()
+            start = 0
+            for m, w in zip(mropes, (x.shape[0] for x in ids_l)):
+                if m is not None:
+                    full[:, start : start + w] = torch.as_tensor(np.asarray(m, dtype=np.int64))
+                start += w
+            batch["mrope_position_ids"] = full
         _add_media(batch, media)
         return _format(batch, self.format, self.attn_implementation, self.mask_dtype)
+
+
+def _row_mrope(f: Any, seg_media: Sequence[Any], cu: np.ndarray, cup: np.ndarray, index: int):
+    """The row's M-RoPE table int64 ``[3, T_row]`` or None: ``extra["mrope_position_ids"]`` of a
+    ``PackedSequence``, a mapping's ``mrope_position_ids``, else built from the segments' media."""
+    m = _get(f, "mrope_position_ids", None)
+    if m is None:
+        extra = getattr(f, "extra", None)
+        if isinstance(extra, Mapping):
+            m = extra.get("mrope_position_ids")
+    if m is None and any(x for x in seg_media):
+        from seqpack.data.media import packed_mrope_position_ids
+
+        m = packed_mrope_position_ids(seg_media, cu, cup)
+    if m is None:
+        return None
+    m = m.detach().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m)
+    m = m.reshape(3, -1) if m.ndim == 3 else m
+    if m.shape != (3, int(cup[-1])):
+        raise ValueError(f"pack {index}: mrope_position_ids has shape {m.shape}, expected (3, {int(cup[-1])})")
+    return m.astype(np.int64)
+
+
+def _add_mrope_in_batch(batch: dict[str, Any], media: Sequence[Any]) -> None:
+    """M-RoPE table ``[3, T]`` of an in-batch row from the samples' ``media["mrope_position_ids"]``."""
+    if not any(m and m.get("mrope_position_ids") is not None for m in media):
+        return
+    from seqpack.data.media import packed_mrope_position_ids
+
+    n = len(media)
+    cu = batch["cu_seqlens"][: n + 1].numpy()
+    cup = batch["cu_seqlens_padded"][: n + 1].numpy()
+    full = batch["position_ids"][0].expand(3, -1).clone()
+    # the force_to_pad tail segment (if any) is all padding: it keeps its 1-D positions
+    full[:, : int(cup[-1])] = torch.from_numpy(packed_mrope_position_ids(list(media), cu, cup))
+    batch["mrope_position_ids"] = full
 
 
 class InBatchPackingCollator:
@@ -460,6 +578,8 @@ class InBatchPackingCollator:
             divisible by ``pad_to_multiple_of``.
         format, attn_implementation, mask_dtype: as in :class:`PackedCollator`.
         label_convention: ``"shifted"`` (``Sample``) or ``"hf"`` (mapping features with HF labels).
+            With ``"shifted"``, a micro-batch whose labels equal ``input_ids`` on every trained slot
+            triggers one ``UserWarning`` per collator (HF-style labels passed by mistake).
 
     Raises:
         ValueError: bad settings (naming the key), an empty sample, or an over-full micro-batch
@@ -490,15 +610,41 @@ class InBatchPackingCollator:
         self.attn_implementation = attn_implementation
         self.mask_dtype = mask_dtype
         self.label_convention = label_convention
+        self._warned_unshifted = False
+
+    def _check_unshifted(self, rows) -> None:
+        """Warn once when ``label_convention="shifted"`` labels look HF-style (``labels == input_ids`` on
+        every trained slot of the micro-batch, at least 2 of them): training would then learn to copy
+        the current token instead of predicting the next one."""
+        if self._warned_unshifted or self.label_convention != "shifted":
+            return
+        n = same = 0
+        for ids, lab, _ in rows:
+            m = lab != IGNORE_INDEX
+            n += int(m.sum())
+            same += int((lab[m] == ids[m]).sum())
+        if n >= 2 and same == n:
+            import warnings
+
+            self._warned_unshifted = True
+            warnings.warn(
+                f"InBatchPackingCollator: labels equal input_ids on all {n} trained slots of this micro-batch "
+                "(sample ids " + ", ".join(r[2] for r in rows[:3]) + "): they look like HF-style unshifted labels, "
+                "but label_convention='shifted' expects labels[t] = input_ids[t+1]. Pass "
+                "label_convention='hf' (or build Samples with seqpack.data.sample.shift_labels).",
+                UserWarning, stacklevel=3)
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         if len(features) == 0:
             raise ValueError("InBatchPackingCollator got an empty batch")
         rows = [_sample_arrays(f, self.label_convention, i) for i, f in enumerate(features)]
+        self._check_unshifted(rows)
         batch = _assemble_row(
             [r[0] for r in rows], [r[1] for r in rows],
             multiple=self.pad_to_multiple_of, pad_token_id=self.pad_token_id, seq_length=self.seq_length,
             force_to_pad_to_seq_len=self.force_to_pad_to_seq_len, sample_ids=[r[2] for r in rows],
         )
-        _add_media(batch, [_get(f, "media", None) for f in features])
+        media = [_get(f, "media", None) for f in features]
+        _add_mrope_in_batch(batch, media)
+        _add_media(batch, media)
         return _format(batch, self.format, self.attn_implementation, self.mask_dtype)

@@ -128,13 +128,60 @@ def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.float32
 
 
+def _image_config(model) -> tuple[int | None, int | None]:
+    """``(image_token_id, spatial_merge_size)`` of a VLM config (Qwen2-VL naming), else ``(None, None)``."""
+    cfg = model.config
+    tok = getattr(cfg, "image_token_id", None)
+    vc = getattr(cfg, "vision_config", None)
+    merge = getattr(vc, "spatial_merge_size", None) if vc is not None else None
+    return tok, merge
+
+
+def _as_mapping(batch: Any) -> Mapping[str, Any]:
+    """A ``PackedSequence`` (or any non-mapping row) -> the canonical batch, via the collator's path
+    (``PackedCollator()([row])``: media concatenated, M-RoPE table carried)."""
+    if isinstance(batch, Mapping):
+        return batch
+    from seqpack.collate import PackedCollator
+
+    return PackedCollator()([batch])
+
+
+def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    if batch.get("pixel_values") is not None or kwargs.get("pixel_values") is not None \
+            or kwargs.get("inputs_embeds") is not None:
+        return
+    tok, _ = _image_config(model)
+    reason = None
+    if batch.get("image_grid_thw") is not None:
+        reason = "it carries image_grid_thw"
+    elif batch.get("mrope_position_ids") is not None:
+        reason = "it carries M-RoPE positions (mrope_position_ids) of image segments"
+    elif tok is not None and bool((torch.as_tensor(batch["input_ids"]) == int(tok)).any()):
+        reason = f"its input_ids contain the image token {int(tok)}"
+    if reason:
+        raise ValueError(
+            f"packed_forward got an image row without pixel_values ({reason}); running it would embed the "
+            "<|image_pad|> placeholders as text. Offline packs store image paths, not pixels: open the data with "
+            "seqpack.io.load_packed(path, load_media=True) (or give the samples media['pixel_values']) and "
+            "collate with seqpack.collate.PackedCollator / InBatchPackingCollator.")
+
+
 def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The forward kwargs :func:`packed_forward` passes (see ``seqpack.collate.to_hf_inputs``), on the model's device."""
+    """The forward kwargs :func:`packed_forward` passes (see ``seqpack.collate.to_hf_inputs``), on the model's device.
+
+    ``batch`` may also be a ``PackedSequence`` (converted with ``PackedCollator()([row])``). Image
+    rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from ``image_grid_thw`` and the config's
+    ``image_token_id`` / ``vision_config.spatial_merge_size`` when the batch has no table).
+    """
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in HF_ATTN:
         raise ValueError(f"packed_forward supports attn_implementation in {HF_ATTN}; model has {impl!r}")
+    batch = _as_mapping(batch)
     device, dtype = _model_device_dtype(model)
-    return to_hf_inputs(batch, impl, mask_dtype=dtype, device=device)
+    tok, merge = _image_config(model)
+    return to_hf_inputs(batch, impl, mask_dtype=dtype, device=device, image_token_id=tok,
+                        spatial_merge_size=merge)
 
 
 def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True, **kwargs):
@@ -144,13 +191,19 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
     ``sdpa``, ``eager``, ``flex_attention`` (forward only on CPU) and ``flash_attention_2/3`` (GPU).
 
     Args:
-        model: a ``transformers`` causal LM (``AutoModelForCausalLM``).
+        model: a ``transformers`` causal LM (``AutoModelForCausalLM``) or a Qwen2-VL-style VLM
+            (``Qwen2VLForConditionalGeneration``).
         batch: canonical THD batch (``format="thd"`` output of a seqpack collator,
-            ``PackedSequence.to_torch()`` or a ``PackedSequence``); must carry ``cu_seqlens`` and
-            ``cu_seqlens_padded``. A batch carrying a 2-D ``attention_mask`` is refused (B01).
-        compute_loss: pass the labels so ``outputs.loss`` is the token-mean cross entropy over this
-            row's loss tokens (HF ``ForCausalLMLoss`` on our shifted labels). For global token
-            normalisation across micro-batches use ``seqpack.loss`` on ``outputs.logits``.
+            ``PackedSequence.to_torch()``) or a ``PackedSequence`` (converted exactly as
+            ``PackedCollator()([row])`` does); must carry ``cu_seqlens`` and ``cu_seqlens_padded``.
+            A batch carrying a 2-D ``attention_mask`` is refused (B01). Image rows must carry
+            ``pixel_values`` + ``image_grid_thw`` (collators, ``load_packed(..., load_media=True)``);
+            they run with M-RoPE ``position_ids`` ``[3, 1, T]`` restarting per segment.
+        compute_loss: ``outputs.loss`` = token-mean cross entropy (fp32, nats) over this row's loss
+            tokens, ``sum / max(n, 1)`` as :func:`seqpack.loss.packed_cross_entropy` (a row without
+            loss tokens gives 0 and zero gradients, never NaN); ``num_items_in_batch=`` in kwargs
+            replaces ``n``. For global token normalisation across micro-batches use
+            ``seqpack.loss`` on ``outputs.logits``.
         **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's)
             on an MoE model, the decoder (``model.base_model``) and ``get_output_embeddings()`` run
             directly and ``aux_loss`` is :func:`seqpack.moe.load_balancing_loss` over real tokens
@@ -164,13 +217,16 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
     Raises:
         PackedAttentionError: the batch has a 2-D ``attention_mask``.
         KeyError: the batch lacks boundary arrays.
+        ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
     """
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    batch = _as_mapping(batch)
+    mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         raise PackedAttentionError(
             "packed_forward got a batch with a 2-D attention_mask; boundaries come from cu_seqlens/"
             f"cu_seqlens_padded, and a 2-D mask next to packed positions cross-attends (B01). {_FIX}"
         )
+    _refuse_image_row_without_pixels(model, batch, kwargs)
     inputs = hf_inputs(model, batch)
     if not compute_loss:
         inputs.pop("labels", None)
@@ -181,7 +237,18 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         want_router = bool(getattr(model.config, "output_router_logits", False))
     if want_router:
         return _moe_forward(model, batch, inputs, kwargs)
-    return model(**inputs, **kwargs)
+    # the loss is ours, not HF's ForCausalLMLoss: its mean over 0 targets is NaN (0/0)
+    inputs.pop("labels", None)
+    shift = inputs.pop("shift_labels", None)
+    num_items = kwargs.pop("num_items_in_batch", None)
+    out = model(**inputs, **kwargs)
+    if shift is not None:
+        from seqpack.loss import packed_cross_entropy
+
+        ls, n = packed_cross_entropy(out.logits, shift)
+        denom = torch.as_tensor(num_items if num_items is not None else n, device=ls.device)
+        out.loss = ls / denom.clamp(min=1).to(ls.dtype)
+    return out
 
 
 def _moe_forward(model, batch, inputs, kwargs):

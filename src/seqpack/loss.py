@@ -72,14 +72,17 @@ def global_token_count(local_count, group: Any = None) -> torch.Tensor:
     """Sum loss-token counts over micro-batches and (if ``torch.distributed`` is initialised) DP ranks.
 
     Args:
-        local_count: int, tensor, or a sequence of them (this rank's micro-batches of one step).
+        local_count: int, tensor, or a sequence of them (this rank's micro-batches of one step; an
+            empty sequence counts 0 and still takes part in the all-reduce).
         group: process group for the all-reduce (default world); ignored when not distributed.
 
     Returns:
         int64 scalar tensor, identical on every rank.
     """
     if isinstance(local_count, (list, tuple)):
-        total = torch.stack([torch.as_tensor(c, dtype=torch.int64).reshape(()) for c in local_count]).sum()
+        # an empty list (a DP rank with no micro-batches this step) counts 0 but still joins the all-reduce
+        total = (torch.stack([torch.as_tensor(c, dtype=torch.int64).reshape(()).cpu() for c in local_count]).sum()
+                 if len(local_count) else torch.zeros((), dtype=torch.int64))
     else:
         total = torch.as_tensor(local_count, dtype=torch.int64).reshape(()).clone()
     import torch.distributed as dist
@@ -101,8 +104,10 @@ def token_mean(loss_sums: Sequence[torch.Tensor] | torch.Tensor, global_count) -
         global_count: int or int64 scalar, loss tokens over all micro-batches and ranks.
 
     Returns:
-        fp32 scalar.
+        fp32 scalar; ``0.0`` (no graph) for an empty list (a DP rank with no micro-batches).
     """
+    if isinstance(loss_sums, (list, tuple)) and len(loss_sums) == 0:
+        return torch.zeros((), dtype=torch.float32)
     s = torch.stack(list(loss_sums)).sum() if isinstance(loss_sums, (list, tuple)) else loss_sums
     c = torch.as_tensor(global_count, device=s.device)
     return s / c.clamp(min=1).to(s.dtype)
@@ -145,8 +150,13 @@ def sequence_mean(segment_means: Sequence[torch.Tensor] | torch.Tensor, group: A
         fp32 scalar: this rank's segment-mean sum over the *global* segment count, so the sum over
         DP ranks (what gradient all-reduce adds up) is the global sequence mean; single process:
         the mean itself. B28: segments with means 1.0 and 2.0 give 1.5 however they were packed.
+        An empty list (or no segments anywhere) gives 0.0; the segment count is still all-reduced.
     """
-    t = torch.cat([m.reshape(-1) for m in segment_means]) if isinstance(segment_means, (list, tuple)) else segment_means.reshape(-1)
+    if isinstance(segment_means, (list, tuple)):
+        t = (torch.cat([m.reshape(-1) for m in segment_means]) if len(segment_means)
+             else torch.zeros(0, dtype=torch.float32))  # a DP rank with no micro-batches: sum 0, count 0
+    else:
+        t = segment_means.reshape(-1)
     n = global_token_count(t.numel(), group=group)
     return t.sum() / n.clamp(min=1).to(t.dtype)
 
