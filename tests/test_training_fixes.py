@@ -180,6 +180,18 @@ def test_bug2_in_batch_image_row_uses_mrope_positions(vlm_case):
         _assert_segments_match(model(**hf).logits, batch, refs)
 
 
+def test_bug2_mrope_table_with_forced_tail_segment(vlm_case):
+    _, samples, _ = vlm_case
+    b = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, seq_length=64,
+                               force_to_pad_to_seq_len=True)(samples)
+    m, cup = b["mrope_position_ids"], b["cu_seqlens_padded"].tolist()
+    assert m.shape == (3, 64) and b["num_segments"] == 4
+    for j, s in enumerate(samples):
+        want = s.media["mrope_position_ids"] if s.media else np.broadcast_to(np.arange(s.length), (3, s.length))
+        assert m[:, cup[j] : cup[j] + s.length].tolist() == np.asarray(want).tolist()
+    assert m[:, cup[3]:].tolist() == [list(range(64 - cup[3]))] * 3  # the empty tail keeps 1-D positions
+
+
 def test_bug2_flattened_offline_image_rows(vlm_case):
     model, samples, refs = vlm_case
     rows = [build_packed_sequence(samples[:2], pad_to_multiple_of=4, pad_token_id=0, seq_length=40,
@@ -202,6 +214,19 @@ def test_bug2_image_row_without_pixels_is_refused(vlm_case):
                       media={k: v for k, v in samples[0].media.items() if k != "pixel_values"})
     with pytest.raises(ValueError, match="load_media=True"):
         packed_forward(model, build_packed_sequence([stripped], pad_token_id=0))
+
+
+def test_bug2_guard_reads_mrope_positions(vlm_case):
+    """M-RoPE positions stand still over an image; only a decrease is a packed restart."""
+    from seqpack.hf import PackedAttentionError, check_hf_inputs
+
+    _, samples, _ = vlm_case
+    one = torch.as_tensor(samples[0].media["mrope_position_ids"])[:, None, :]
+    ones = torch.ones(1, one.shape[-1], dtype=torch.long)
+    check_hf_inputs({"position_ids": one, "attention_mask": ones})  # unpacked image sample: fine
+    packed = InBatchPackingCollator(pad_token_id=0)(samples)["mrope_position_ids"][:, None, :]
+    with pytest.raises(PackedAttentionError, match="B01"):
+        check_hf_inputs({"position_ids": packed, "attention_mask": torch.ones(1, packed.shape[-1])})
 
 
 # ----------------------------------------------------------------------------------------- BUG 3

@@ -22,6 +22,11 @@ collators, for ``Trainer``) passes the boundaries explicitly, by attention imple
 =====================  =================================================================
 
 A 4-D mask is used by ``masking_utils`` exactly as given (early exit), whatever the cache or config.
+
+Image rows (Qwen2-VL style VLMs): HF computes M-RoPE (``get_rope_index``) only when ``position_ids`` is
+``None``; a ``[1, T]`` packed ``position_ids`` makes it rotate image tokens with text positions. So
+image rows get ``position_ids`` ``[3, 1, T]``: each segment's M-RoPE table, restarting per segment
+(``seqpack.data.media.packed_mrope_position_ids``), and an image row without ``pixel_values`` is refused.
 """
 
 from __future__ import annotations
@@ -50,17 +55,26 @@ def _has_restarts(position_ids, mask2d=None) -> bool:
     """Positions restart inside a row (packing). With a 2-D padding mask only real slots count, so
     generate()'s left padding (positions ``[1, 1, 0, 1, 2]`` under mask ``[0, 0, 1, 1, 1]``) is not packing."""
     p = torch.as_tensor(position_ids)
+    mrope = p.dim() == 3  # M-RoPE [3 or 4, B, T]: axis 0 (temporal / text) never decreases inside one sample
+    if mrope:
+        p = p[0]
     if p.dim() == 1:
         p = p.unsqueeze(0)
     if p.shape[-1] < 2:
         return False
+
+    def restarts(d):
+        # image tokens hold the temporal position (diff 0) and the text after an image jumps ahead,
+        # so for M-RoPE only a decrease marks a new sample
+        return bool((d < 0).any()) if mrope else bool((d != 1).any())
+
     if mask2d is None:
-        return bool((torch.diff(p, dim=-1) != 1).any())
+        return restarts(torch.diff(p, dim=-1))
     m = torch.as_tensor(mask2d).to(torch.bool)
     p = p.expand(m.shape[0], -1) if p.shape[0] != m.shape[0] else p
     for row, keep in zip(p, m):
         r = row[keep]
-        if r.numel() > 1 and bool((torch.diff(r) != 1).any()):
+        if r.numel() > 1 and restarts(torch.diff(r)):
             return True
     return False
 
