@@ -178,6 +178,10 @@ def test_bug2_in_batch_image_row_uses_mrope_positions(vlm_case):
                                     attn_implementation="sdpa")(samples)
         assert hf["position_ids"].shape == (3, 1, batch["input_ids"].shape[1])
         _assert_segments_match(model(**hf).logits, batch, refs)
+        # what the collators sent before: 1-D text positions -> image segments drift (test sensitivity)
+        text_pos = model(**dict(hf, position_ids=batch["position_ids"])).logits
+        a, n = batch["cu_seqlens_padded"][0].item(), samples[0].length
+        assert (text_pos[0, a : a + n] - refs[0]).abs().max().item() > 1e-4
 
 
 def test_bug2_mrope_table_with_forced_tail_segment(vlm_case):

@@ -19,20 +19,23 @@ Output formats (``format=``):
     segment), loss_mask, position_ids, padding_mask, seq_idx`` as ``[1, T]``; ``cu_seqlens,
     cu_seqlens_padded`` int32 ``[N+1]``; ``max_seqlen, num_segments`` ints; ``seq_lens``; and
     ``sample_ids`` (list of str). Feed it to ``seqpack.hf.packed_forward``, ``seqpack.adapters.*``,
-    ``seqpack.loss``.
+    ``seqpack.loss``. Image rows add ``pixel_values``, ``image_grid_thw`` (segment order) and
+    ``mrope_position_ids`` int64 ``[3, T]`` (Qwen2-VL M-RoPE, restarting per segment).
 ``"hf"``
     Exactly the keyword arguments an HF causal LM's ``forward`` takes, so ``Trainer`` can call
     ``model(**batch)`` (Trainer removes unused *dataset columns* only, never collator keys):
     ``input_ids``, ``position_ids``, ``labels`` (HF unshifted: -100 at every segment start),
     ``shift_labels`` (our shifted labels; HF's ``ForCausalLMLoss`` uses them as given, and Trainer
     counts ``num_items_in_batch`` from them), plus the attention inputs for
-    ``attn_implementation``: ``"sdpa"`` -> 4-D bool ``attention_mask`` ``[1,1,T,T]``;
+    ``attn_implementation`` (image rows: ``position_ids`` is the M-RoPE table ``[3, 1, T]``, plus
+    ``pixel_values``/``image_grid_thw``): ``"sdpa"`` -> 4-D bool ``attention_mask`` ``[1,1,T,T]``;
     ``"eager"`` -> 4-D additive float mask; ``"flex_attention"`` -> a FlexAttention ``BlockMask``;
     ``"flash_attention_2"/"flash_attention_3"`` -> ``cu_seq_lens_q/k`` + ``max_length_q/k`` and no
     mask. A 4-D mask costs ``T*T`` bytes (bool) or ``4*T*T`` (fp32): prefer flash-attn for long rows.
 ``"megatron"``
     ``seqpack.adapters.to_megatron`` of the row: ``tokens, labels, loss_mask, position_ids,
-    padding_mask`` ``[1, T]`` and ``packed_seq_params`` (the ``PackedSeqParams`` fields as a dict).
+    padding_mask`` ``[1, T]`` and ``packed_seq_params`` (the ``PackedSeqParams`` fields as a dict);
+    image rows also carry ``pixel_values``, ``image_grid_thw`` and ``mrope_position_ids`` ``[3, T]``.
 
 Tail padding, two layouts (see ``packed-batch-spec.md``):
 
