@@ -287,3 +287,13 @@ def test_collate_media_without_pixels_says_to_load_media():
     assert collate_media([None, {"images": []}]) is None
     ok = collate_media([{"image_grid_thw": np.array([[1, 2, 2]]), "pixel_values": np.zeros((4, 3))}])
     assert ok["pixel_values"].shape == (4, 3) and ok["image_grid_thw"].tolist() == [[1, 2, 2]]
+
+
+def test_packed_mrope_positions_with_empty_tail_segment():
+    """The in-batch forced tail is a segment with 0 real tokens: its padding counts from 0, no crash."""
+    from seqpack.data.media import packed_mrope_position_ids
+
+    table = np.array([[0, 1, 1], [0, 1, 2], [0, 2, 1]])
+    out = packed_mrope_position_ids([{"mrope_position_ids": table}, None], [0, 3, 3], [0, 4, 8])
+    assert out[:, :4].tolist() == [[0, 1, 1, 3], [0, 1, 2, 3], [0, 2, 1, 3]]
+    assert out[:, 4:].tolist() == [[0, 1, 2, 3]] * 3

@@ -674,5 +674,6 @@ def packed_mrope_position_ids(media: Sequence[dict | None] | None, cu_seqlens, c
             seg = np.broadcast_to(np.arange(real, dtype=np.int64), (3, real))
         out[:, a : a + real] = seg
         if b > a + real:
-            out[:, a + real : b] = int(seg.max()) + 1 + np.arange(b - a - real)
+            start = int(seg.max()) + 1 if real else 0  # an empty (tail) segment counts its padding from 0
+            out[:, a + real : b] = start + np.arange(b - a - real)
     return out
