@@ -6,6 +6,11 @@ run (``seqpack.data.media``), so packing costs include image tokens, and each pa
 image paths and ``image_grid_thw`` (no pixels; ``load_packed(..., load_media=True)`` recomputes them with
 the image processor settings recorded in ``metadata.json``).
 
+Memory (issue #8): input files are prepared one at a time and their samples spilled to disk
+(:class:`seqpack.io.spill.SampleSpill`); planning uses the int64 length array and rows are rebuilt pack
+by pack from the spill, so peak memory does not grow with the corpus beyond the length array and small
+per-sample metadata. In-memory inputs keep the samples in memory (same output, byte for byte).
+
 One source of truth for the pad multiple (case B24): :func:`seqpack.padding.compute_pad_multiple` is
 called once here and the same integer goes to the planner (``pack_lengths(..., pad_to_multiple_of=m)``),
 the row builder (``build_packed_sequence(..., pad_to_multiple_of=m)``), the row validator and the
@@ -17,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -228,9 +235,10 @@ def _input_label(item: Any) -> str:
     return os.fspath(item) if isinstance(item, (str, os.PathLike)) else f"<{type(item).__name__}>"
 
 
-def _empty_inputs(items: Sequence[Any], samples: Sequence[Any], entries: Sequence[Any]) -> list[str]:
-    """Inputs (files) that produced neither a sample nor a report entry: they hold no record."""
-    seen = {str(x.source) for x in samples} | {str(e.source) for e in entries}
+def _empty_inputs(items: Sequence[Any], sources: set[str], entries: Sequence[Any]) -> list[str]:
+    """Inputs (files) that produced neither a sample (``sources``: ``str(Sample.source)`` of every
+    packed sample) nor a report entry: they hold no record."""
+    seen = set(sources) | {str(e.source) for e in entries}
     out = []
     for it in items:
         if isinstance(it, (str, os.PathLike)):
@@ -568,6 +576,99 @@ def build_metadata(
     )
 
 
+_FORCE_IN_MEMORY: ContextVar[bool] = ContextVar("seqpack_pack_in_memory", default=False)
+
+
+def _pack_in_memory(*args: Any, **kwargs: Any) -> PackResult:
+    """:func:`pack_dataset` with every prepared ``Sample`` kept in memory between prepare and writing
+    (the path used for in-memory inputs). Same arguments and byte-identical output as the default
+    file-by-file spill path; kept callable so tests can compare the two."""
+    token = _FORCE_IN_MEMORY.set(True)
+    try:
+        return pack_dataset(*args, **kwargs)
+    finally:
+        _FORCE_IN_MEMORY.reset(token)
+
+
+def _prepare_in_memory(
+    items: list[Any], tok: Any, *, seq_length: int, overlength: str, on_error: str, train_on: str,
+    fmt: str | None, proc: Any, stages: Any,
+) -> tuple[list[Any], Any, dict[str, int], Any]:
+    """Stage 1 on all inputs at once: ``(samples, report, media_stats, image_processor)``."""
+    from seqpack.data import prepare
+    from seqpack.data.formats import InMemoryRecords
+
+    prep_inputs: Any = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else items
+    samples, report = prepare(
+        prep_inputs, tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
+        train_on=train_on, format=fmt, progress=stages,
+    )
+    if proc is None and any((s.media or {}).get("images") for s in samples):
+        proc = resolve_image_processor(None)
+    samples, report, media_stats = apply_length_policy(
+        samples, report, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+        image_processor=proc, progress=stages,
+    )
+    return samples, report, media_stats, proc
+
+
+def _prepare_to_spill(
+    items: list[Any], spill: Any, tok: Any, *, seq_length: int, overlength: str, on_error: str, train_on: str,
+    fmt: str | None, proc: Any, stages: Any,
+) -> tuple[Any, dict[str, int], Any, set[str]]:
+    """Stage 1 one input file at a time, each file's samples appended to ``spill`` then dropped.
+
+    Gives the same samples (ids, order), report and media counts as :func:`_prepare_in_memory` on all
+    files at once: sample ids use the display names of the whole input list
+    (``seqpack.data.prepare._display_names``, which tells apart files sharing a name), and the report
+    lists every read/tokenize entry (all files, in order) before the over-length/image entries.
+    Returns ``(report, media_stats, image_processor, sources)``.
+    """
+    from seqpack.data import prepare
+    from seqpack.data.prepare import _display_names
+    from seqpack.data.sample import PrepareReport
+
+    names = _display_names(items)
+    report = PrepareReport()
+    policy_entries: list[Any] = []
+    stats = {"images": 0, "image_tokens": 0, "samples_with_images": 0}
+    sources: set[str] = set()
+    for item, name in zip(items, names):
+        base = report.records_read
+
+        def progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
+            stages(stage, _base + done if stage == "prepare" else done, total)
+
+        samples, rep = prepare(
+            [item], tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
+            train_on=train_on, format=fmt, progress=progress,
+        )
+        default = _display_names([item])[0]
+        if default != name:  # a lone file is named by its file name; the whole list may need more
+            cut = len(default)
+            for x in (*samples, *rep.entries):
+                if str(x.sample_id).startswith(default + ":"):
+                    x.sample_id = name + str(x.sample_id)[cut:]
+        if proc is None and any((s.media or {}).get("images") for s in samples):
+            proc = resolve_image_processor(None)
+        n_prep = len(rep.entries)
+        samples, rep, st = apply_length_policy(
+            samples, rep, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+            image_processor=proc, progress=stages,
+        )
+        policy_entries.extend(rep.entries[n_prep:])
+        del rep.entries[n_prep:]
+        report.merge(rep)
+        for key in stats:
+            stats[key] += int(st[key])
+        for s in samples:
+            sources.add(str(s.source))
+            spill.append(s)
+        del samples
+    report.entries.extend(policy_entries)
+    return report, stats, proc, sources
+
+
 def pack_dataset(
     inputs: Any = None,
     output: str | os.PathLike = "packed",
@@ -603,6 +704,13 @@ def pack_dataset(
     segment in pack order, ``images`` (absolute paths), ``image_grid_thw`` and ``image_tokens``: no
     pixels. ``load_packed(..., load_media=True)`` recomputes ``pixel_values`` with the image processor
     settings stored in ``metadata.json`` (``media``). Text-only records in the same inputs pack as usual.
+
+    Memory: input files are read and tokenized one at a time; each file's samples go to a disk spill
+    (:class:`seqpack.io.spill.SampleSpill`, a hidden ``.<output name>.spill-*`` folder beside the output,
+    deleted at the end and on error) and are dropped, so memory holds the length array and small
+    per-sample metadata, not the token arrays; packs are then built from the spill pack by pack.
+    In-memory inputs (``datasets.Dataset``, record lists) keep their samples in memory. Both paths give
+    byte-identical output.
 
     Repeated inputs: the same file given twice, or a glob overlapping an explicit path, is read ONCE
     (files compared by real path; a log line names each repeat), so no record is packed twice.
@@ -661,7 +769,6 @@ def pack_dataset(
     fmt = None if format in (None, "auto") else format
     items = dedupe_inputs(list(inputs), say)
 
-    from seqpack.data import prepare
     from seqpack.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
@@ -669,28 +776,61 @@ def pack_dataset(
     tok_hash, chat_hash = _tokenizer_hashes(tok)
 
     # ---- 1. read, normalise, tokenize without a length limit (an image sample's length is only known
-    # after its placeholders are expanded), then expand images and apply the over-length policy
-    from seqpack.data.formats import InMemoryRecords
+    # after its placeholders are expanded), then expand images and apply the over-length policy.
+    # Files go one at a time into a disk spill (memory: the length array + small per-sample metadata);
+    # in-memory inputs (datasets, record lists) keep their samples in memory.
+    use_spill = not _FORCE_IN_MEMORY.get() and all(isinstance(i, (str, os.PathLike)) for i in items)
+    spill = None
+    try:
+        if use_spill:
+            from seqpack.io.spill import SampleSpill
 
-    prep_inputs: Any = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else items
-    samples, report = prepare(
-        prep_inputs, tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
-        train_on=train_on, format=fmt, progress=stages,
-    )
-    if proc is None and any((s.media or {}).get("images") for s in samples):
-        proc = resolve_image_processor(None)
-    samples, report, media_stats = apply_length_policy(
-        samples, report, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
-        image_processor=proc, progress=stages,
-    )
+            output.parent.mkdir(parents=True, exist_ok=True)
+            spill = SampleSpill(output.parent / f".{output.name}.spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            report, media_stats, proc, sources = _prepare_to_spill(
+                items, spill, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+                train_on=train_on, fmt=fmt, proc=proc, stages=stages,
+            )
+            num_samples, trainable = len(spill), spill.trainable_tokens
+            get_sample: Callable[[int], Any] = spill.get
+        else:
+            samples, report, media_stats, proc = _prepare_in_memory(
+                items, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
+                train_on=train_on, fmt=fmt, proc=proc, stages=stages,
+            )
+            sources = {str(s.source) for s in samples}
+            num_samples, trainable = len(samples), int(sum(s.num_trainable for s in samples))
+            get_sample = samples.__getitem__
+            lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+        if spill is not None:
+            lengths = spill.lengths()
+        return _plan_and_write(
+            items, output, tok, tok_name, tok_hash, chat_hash, report, media_stats, proc, sources,
+            num_samples, trainable, lengths, get_sample, t0=t0, say=say, stages=stages, m=m, algo=algo,
+            seq_length=seq_length, pad_to_multiple_of=pad_to_multiple_of,
+            context_parallel_size=context_parallel_size, overlength=overlength, on_error=on_error,
+            train_on=train_on, seed=seed, fmt=fmt, overwrite=overwrite, rows_per_shard=rows_per_shard,
+            validate=validate,
+        )
+    finally:
+        if spill is not None:
+            spill.cleanup()
+
+
+def _plan_and_write(
+    items, output, tok, tok_name, tok_hash, chat_hash, report, media_stats, proc, sources, num_samples,
+    trainable, lengths, get_sample, *, t0, say, stages, m, algo, seq_length, pad_to_multiple_of,
+    context_parallel_size, overlength, on_error, train_on, seed, fmt, overwrite, rows_per_shard, validate,
+) -> PackResult:
+    """Stages 2-3 of :func:`pack_dataset` on prepared samples reached through ``get_sample(i)``."""
     t_prep = time.perf_counter()
-    say(f"prepared {len(samples)} samples from {report.records_read} records"
+    say(f"prepared {num_samples} samples from {report.records_read} records"
         + (f" ({media_stats['images']} images, {media_stats['image_tokens']} image tokens)"
            if media_stats["images"] else ""))
-    empty = _empty_inputs(items, samples, report.entries)
+    empty = _empty_inputs(items, sources, report.entries)
     for name in empty:
         say(f"input {name} holds no record (empty file or empty JSON array)")
-    if not samples:
+    if not num_samples:
         names = ", ".join(_input_label(i) for i in items)
         if report.records_read == 0:
             raise NothingToPackError(
@@ -709,15 +849,14 @@ def pack_dataset(
     # ---- 2. plan (same multiple m as the builder: case B24)
     from seqpack.algorithms import pack_lengths
 
-    lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
     stages("plan", 0, 1)
     plan = pack_lengths(lengths, seq_length, algo, seed=seed, pad_to_multiple_of=m)
     stages("plan", 1, 1)
     order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
-    if order.shape[0] != len(samples) or not np.array_equal(np.sort(order), np.arange(len(samples))):
+    if order.shape[0] != num_samples or not np.array_equal(np.sort(order), np.arange(num_samples)):
         raise RuntimeError(  # planner bug: every sample must be in exactly one pack
             f"packing plan ({algo.value}) does not place every sample exactly once "
-            f"({order.shape[0]} placements for {len(samples)} samples)"
+            f"({order.shape[0]} placements for {num_samples} samples)"
         )
     t_plan = time.perf_counter()
     say(f"planned {plan.num_bins} packs (lower bound {plan.lower_bound}) with {algo.value}")
@@ -732,7 +871,7 @@ def pack_dataset(
         stages("write", 0, total)
         for k, b in enumerate(plan.bins, 1):
             row = build_packed_sequence(
-                [samples[int(i)] for i in b], pad_to_multiple_of=m, pad_token_id=pad_id, seq_length=seq_length
+                [get_sample(int(i)) for i in b], pad_to_multiple_of=m, pad_token_id=pad_id, seq_length=seq_length
             )
             if validate:
                 row.validate(capacity=seq_length, context_parallel_size=context_parallel_size, multiple=m)
@@ -758,7 +897,7 @@ def pack_dataset(
     }
     meta = build_metadata(
         lengths=lengths,
-        trainable_tokens=int(sum(s.num_trainable for s in samples)),
+        trainable_tokens=int(trainable),
         bins=plan.bins,
         lower_bound=int(plan.lower_bound),
         report=report,

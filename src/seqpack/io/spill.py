@@ -1,0 +1,193 @@
+"""Disk spill store for prepared samples (the offline packer's bounded-memory path).
+
+:func:`seqpack.pipeline.pack_dataset` tokenizes one input file at a time, appends that file's samples
+here and drops them, plans on the length array, then rebuilds each pack's samples with :meth:`SampleSpill.get`.
+Memory held per sample is the small metadata (sample id, source, index, media, meta) plus 8 bytes of
+offset; the token arrays live on disk.
+
+Layout in ``directory``: ``input_ids.bin`` and ``labels.bin`` (raw little-endian int32, samples
+concatenated in append order). Offsets (int64, ``offsets[i]:offsets[i+1]`` = sample ``i``'s tokens) and
+the metadata stay in memory. Reads copy each sample's slice with positioned reads (``readinto`` at the
+sample's offset) rather than through a memory map: file pages read this way stay in the kernel's page
+cache (reclaimable) and never enter the process's resident set, whereas a map's touched pages do, with
+the kernel's fault-around mapping up to 16 neighbouring cached pages per fault (measured: ~3.5x the
+bytes read under random access).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from array import array
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from seqpack.data.sample import IGNORE_INDEX, Sample
+
+__all__ = ["SampleSpill"]
+
+_NONE_INDEX = -(2**63)  # stands for ``Sample.index is None`` in the int64 index array
+_DTYPE = np.dtype("<i4")
+
+
+class SampleSpill:
+    """Append-only on-disk store of :class:`~seqpack.data.sample.Sample` objects.
+
+    Args:
+        directory: folder for the two token files (created; must not hold them already). Use a
+            folder on the output's file system; :meth:`cleanup` deletes the folder.
+
+    ``get(i)`` returns a Sample equal to the one appended (``input_ids``/``labels`` int32 copies, same
+    ``sample_id``, ``source``, ``index``, ``media`` object, and a copy of ``meta``).
+
+    Raises:
+        FileExistsError: ``directory`` already holds spill files.
+    """
+
+    IDS_FILE = "input_ids.bin"
+    LABELS_FILE = "labels.bin"
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ids_path, lab_path = self.directory / self.IDS_FILE, self.directory / self.LABELS_FILE
+        if ids_path.exists() or lab_path.exists():
+            raise FileExistsError(f"{self.directory} already holds a sample spill; use an empty folder")
+        self._ids_f = open(ids_path, "wb")
+        self._lab_f = open(lab_path, "wb")
+        self._dirty = False
+        self._offsets = array("q", [0])
+        self._index = array("q")
+        self._sample_id: list[str] = []
+        self._source: list[Any] = []
+        self._media: list[Any] = []
+        self._meta: list[Any] = []
+        self._interned: dict[Any, Any] = {}  # equal sources / meta dicts share one object
+        self._readers: tuple[Any, Any] | None = None
+        self.trainable_tokens = 0
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _intern(self, value: Any) -> Any:
+        try:
+            key = (type(value).__name__, tuple(sorted(value.items())) if isinstance(value, dict) else value)
+            hash(key)
+        except TypeError:
+            return value
+        return self._interned.setdefault(key, value)
+
+    def append(self, sample: Sample) -> int:
+        """Store one sample; return its position (0-based, append order)."""
+        if self._ids_f is None:
+            raise ValueError(f"sample spill {self.directory} is closed")
+        ids = np.ascontiguousarray(sample.input_ids, dtype=_DTYPE)
+        lab = np.ascontiguousarray(sample.labels, dtype=_DTYPE)
+        if ids.ndim != 1 or lab.shape != ids.shape:
+            raise ValueError(f"sample {sample.sample_id!r}: input_ids and labels must be 1-D of equal length")
+        self._ids_f.write(ids.data)
+        self._lab_f.write(lab.data)
+        self._dirty = True
+        self._offsets.append(self._offsets[-1] + int(ids.shape[0]))
+        self._index.append(_NONE_INDEX if sample.index is None else int(sample.index))
+        self._sample_id.append(sample.sample_id)
+        self._source.append(self._intern(sample.source))
+        self._media.append(sample.media)
+        self._meta.append(self._intern(sample.meta) if sample.meta is not None else None)
+        self.trainable_tokens += int(np.count_nonzero(lab != IGNORE_INDEX))
+        return len(self._sample_id) - 1
+
+    def extend(self, samples: Iterable[Sample]) -> None:
+        """:meth:`append` every sample in order."""
+        for s in samples:
+            self.append(s)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._sample_id)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens over all stored samples."""
+        return int(self._offsets[-1])
+
+    def lengths(self) -> np.ndarray:
+        """int64 ``[n]``: ``len(input_ids)`` of every stored sample, in append order."""
+        off = np.frombuffer(self._offsets, dtype=np.int64)
+        return np.diff(off).astype(np.int64)
+
+    def _open_readers(self) -> tuple[Any, Any]:
+        if self._ids_f is None:
+            raise ValueError(f"sample spill {self.directory} is closed")
+        if self._dirty:
+            self._ids_f.flush()
+            self._lab_f.flush()
+            self._dirty = False
+        if self._readers is None:
+            self._readers = (
+                open(self.directory / self.IDS_FILE, "rb", buffering=0),
+                open(self.directory / self.LABELS_FILE, "rb", buffering=0),
+            )
+        return self._readers
+
+    @staticmethod
+    def _read(f: Any, start: int, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=_DTYPE)
+        view = memoryview(out).cast("B")
+        f.seek(start * _DTYPE.itemsize)
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise OSError(f"sample spill file {f.name} is shorter than its offsets say (truncated on disk?)")
+            got += n
+        return out.astype(np.int32, copy=False)
+
+    def get(self, i: int) -> Sample:
+        """Rebuild sample ``i`` (0-based; negative counts from the end).
+
+        Raises:
+            IndexError: ``i`` out of range.
+            ValueError: the spill is closed.
+        """
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"sample {i} out of range for a spill of {n} samples")
+        a, b = self._offsets[j], self._offsets[j + 1]
+        ids_f, lab_f = self._open_readers()
+        ids = self._read(ids_f, a, b - a)
+        lab = self._read(lab_f, a, b - a)
+        idx = self._index[j]
+        meta = self._meta[j]
+        return Sample(
+            input_ids=ids,
+            labels=lab,
+            sample_id=self._sample_id[j],
+            source=self._source[j],
+            index=None if idx == _NONE_INDEX else int(idx),
+            media=self._media[j],
+            meta=dict(meta) if isinstance(meta, dict) else meta,
+        )
+
+    __getitem__ = get
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the files (the data stays on disk; ``get`` and ``append`` no longer work)."""
+        for f in (*(self._readers or ()), self._ids_f, self._lab_f):
+            if f is not None:
+                f.close()
+        self._ids_f = self._lab_f = None
+        self._readers = None
+
+    def cleanup(self) -> None:
+        """:meth:`close` and delete ``directory`` with everything in it."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "SampleSpill":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cleanup()
