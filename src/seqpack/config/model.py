@@ -420,27 +420,14 @@ class PackingConfig(BaseModel):
     def from_yaml(cls, path: str | Path) -> "PackingConfig":
         """Load a YAML file (a flat mapping of config keys). Raises ConfigValidationError."""
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            raise ConfigValidationError(
-                [Violation("parse", ("<file>",), f"not valid YAML: {e}", "fix the YAML syntax at the line shown")],
-                source=str(p),
-            ) from None
+        data = _parse_file(p, yaml.safe_load, yaml.YAMLError, "YAML")
         return cls.from_dict(data if data is not None else {}, source=str(p))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "PackingConfig":
         """Load a JSON file (an object of config keys). Raises ConfigValidationError."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ConfigValidationError(
-                [Violation("parse", ("<file>",), f"not valid JSON: {e}", "fix the JSON syntax at the line shown")],
-                source=str(p),
-            ) from None
-        return cls.from_dict(data, source=str(p))
+        return cls.from_dict(_parse_file(p, json.loads, json.JSONDecodeError, "JSON"), source=str(p))
 
     @classmethod
     def from_file(cls, path: str | Path) -> "PackingConfig":
@@ -471,6 +458,18 @@ class PackingConfig(BaseModel):
     def to_yaml(self) -> str:
         """YAML text of :meth:`to_dict`, keys in field order."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _parse_file(p: Path, loads: Any, error: type[Exception], kind: str) -> Any:
+    """Read ``p`` as UTF-8 and parse it with ``loads``; a parse ``error`` becomes a ConfigValidationError
+    (check ``"parse"``, naming the file) whose message says which format (``kind``) was expected."""
+    try:
+        return loads(p.read_text(encoding="utf-8"))
+    except error as e:
+        raise ConfigValidationError(
+            [Violation("parse", ("<file>",), f"not valid {kind}: {e}", f"fix the {kind} syntax at the line shown")],
+            source=str(p),
+        ) from None
 
 
 def _schema_violations(err: ValidationError) -> list[Violation]:
