@@ -258,24 +258,23 @@ def _dedupe_paths(items: list[Any]) -> list[Any]:
     return out
 
 
-def _is_dataset(obj: Any) -> bool:
+def _is_datasets_instance(obj: Any, *class_names: str) -> bool:
+    """``isinstance(obj, datasets.<name>)`` for any of ``class_names``, False without ``datasets``."""
     if not type(obj).__module__.startswith("datasets"):  # avoid importing datasets (~0.5 s) for files
         return False
     try:
         import datasets
     except ImportError:  # pragma: no cover
         return False
-    return isinstance(obj, (datasets.Dataset, datasets.IterableDataset))
+    return isinstance(obj, tuple(getattr(datasets, n) for n in class_names))
+
+
+def _is_dataset(obj: Any) -> bool:
+    return _is_datasets_instance(obj, "Dataset", "IterableDataset")
 
 
 def _is_dataset_dict(obj: Any) -> bool:
-    if not type(obj).__module__.startswith("datasets"):
-        return False
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(obj, (datasets.DatasetDict, datasets.IterableDatasetDict))
+    return _is_datasets_instance(obj, "DatasetDict", "IterableDatasetDict")
 
 
 def dataset_name(ds: Any) -> str:
