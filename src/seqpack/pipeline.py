@@ -189,6 +189,42 @@ def _tokenizer_hashes(tok: Any) -> tuple[str | None, str | None]:
     return fp.get("files_sha256"), fp.get("chat_template_sha256")
 
 
+def _metadata_settings(
+    *,
+    seq_length: int,
+    pad_to_multiple_of: int,
+    context_parallel_size: int,
+    effective_pad_multiple: int,
+    algorithm: str,
+    seed: int,
+    overlength: str,
+    train_on: str,
+    on_error: str,
+    format: str | None,
+    tokenizer_hash: str | None,
+    chat_template_hash: str | None,
+    pad_token_id: int,
+) -> dict[str, Any]:
+    """The ``settings`` dict given to :func:`build_metadata` (every key enters the fingerprint), built in
+    one place so the local and Ray engines write identical metadata for identical runs."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "seq_length": int(seq_length),
+        "pad_to_multiple_of": int(pad_to_multiple_of),
+        "context_parallel_size": int(context_parallel_size),
+        "effective_pad_multiple": int(effective_pad_multiple),
+        "algorithm": algorithm,
+        "seed": int(seed),
+        "overlength": overlength,
+        "train_on": train_on,
+        "on_error": on_error,
+        "format": format,
+        "tokenizer_hash": tokenizer_hash,
+        "chat_template_hash": chat_template_hash,
+        "pad_token_id": pad_token_id,
+    }
+
+
 def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
     """:func:`~seqpack.io.describe_input` of every input after glob expansion (as ``prepare`` reads them)."""
     from seqpack.data.formats import expand_inputs
@@ -879,22 +915,12 @@ def _plan_and_write(
                 stages("write", k, total)
             yield row
 
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "seq_length": int(seq_length),
-        "pad_to_multiple_of": int(pad_to_multiple_of),
-        "context_parallel_size": int(context_parallel_size),
-        "effective_pad_multiple": int(m),
-        "algorithm": algo.value,
-        "seed": int(seed),
-        "overlength": overlength,
-        "train_on": train_on,
-        "on_error": on_error,
-        "format": fmt,
-        "tokenizer_hash": tok_hash,
-        "chat_template_hash": chat_hash,
-        "pad_token_id": pad_id,
-    }
+    settings = _metadata_settings(
+        seq_length=seq_length, pad_to_multiple_of=pad_to_multiple_of,
+        context_parallel_size=context_parallel_size, effective_pad_multiple=m, algorithm=algo.value,
+        seed=seed, overlength=overlength, train_on=train_on, on_error=on_error, format=fmt,
+        tokenizer_hash=tok_hash, chat_template_hash=chat_hash, pad_token_id=pad_id,
+    )
     meta = build_metadata(
         lengths=lengths,
         trainable_tokens=int(trainable),

@@ -40,7 +40,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
 from seqpack.io.writer import PackedWriter, check_output_dir
 
 __all__ = ["PLANNING_MODES", "RAY_INSTALL_HINT", "pack_dataset_ray", "require_ray", "start_ray"]
@@ -457,6 +456,7 @@ def pack_dataset_ray(
         PackConfigError,
         PackResult,
         _describe_inputs,
+        _metadata_settings,
         _pad_token_id,
         _Stages,
         _tokenizer_hashes,
@@ -621,13 +621,12 @@ def pack_dataset_ray(
             first_pack = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
 
         num_packs = int(plan.num_bins)
-        meta_settings = {
-            "format_version": FORMAT_VERSION, "seq_length": int(seq_length),
-            "pad_to_multiple_of": int(pad_to_multiple_of), "context_parallel_size": int(context_parallel_size),
-            "effective_pad_multiple": int(m), "algorithm": algo.value, "seed": int(seed), "overlength": overlength,
-            "train_on": train_on, "on_error": on_error, "format": fmt, "tokenizer_hash": tok_hash,
-            "chat_template_hash": chat_hash, "pad_token_id": pad_id,
-        }
+        meta_settings = _metadata_settings(
+            seq_length=seq_length, pad_to_multiple_of=pad_to_multiple_of,
+            context_parallel_size=context_parallel_size, effective_pad_multiple=m, algorithm=algo.value,
+            seed=seed, overlength=overlength, train_on=train_on, on_error=on_error, format=fmt,
+            tokenizer_hash=tok_hash, chat_template_hash=chat_hash, pad_token_id=pad_id,
+        )
         meta = build_metadata(
             lengths=lengths, trainable_tokens=int(report.trainable_tokens), bins=plan.bins,
             lower_bound=int(global_plan.lower_bound), report=report, settings=meta_settings,
