@@ -57,7 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from seqpack.packed import trim_cu_seqlens
+from seqpack.packed import _segment_fields, trim_cu_seqlens
 from seqpack.padding import round_up
 
 IGNORE_INDEX = -100
@@ -211,12 +211,8 @@ def _assemble_row(
 
 
 def _finish(input_ids, labels, cu, cup, seg_len, real_len, sample_ids) -> dict[str, Any]:
-    T = input_ids.shape[0]
     n = cu.shape[0] - 1
-    starts = np.repeat(cup[:-1], seg_len)
-    position_ids = np.arange(T, dtype=np.int64) - starts
-    padding_mask = position_ids >= np.repeat(real_len, seg_len)
-    seq_idx = np.repeat(np.arange(n, dtype=np.int32), seg_len)
+    position_ids, padding_mask, seq_idx = _segment_fields(cup, real_len)
     lab_t = torch.from_numpy(labels)
     return {
         "input_ids": torch.from_numpy(input_ids).unsqueeze(0),

@@ -52,6 +52,27 @@ def _fail(inv: int, msg: str) -> None:
     raise PackedSequenceError(f"packed-batch-spec invariant {inv} violated: {msg}")
 
 
+def _segment_fields(cu_seqlens_padded: np.ndarray, real_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-slot fields implied by the boundaries (the one implementation, used by the builders,
+    :meth:`PackedSequence.validate` and :mod:`seqpack.collate`).
+
+    Args:
+        cu_seqlens_padded: int [n+1] physical segment starts, ``[-1]`` = row length T.
+        real_lens: int [n] real tokens per segment (``<=`` its padded length; 0 = all padding).
+
+    Returns:
+        ``(position_ids int64 [T], padding_mask bool [T] (True = pad), seq_idx int32 [T])``:
+        positions restart at 0 on every segment start and keep counting through its padding.
+    """
+    cup = np.asarray(cu_seqlens_padded, dtype=np.int64)
+    seg_len = np.diff(cup)
+    t = int(cup[-1])
+    position_ids = np.arange(t, dtype=np.int64) - np.repeat(cup[:-1], seg_len)
+    padding_mask = position_ids >= np.repeat(np.asarray(real_lens, dtype=np.int64), seg_len)
+    seq_idx = np.repeat(np.arange(seg_len.shape[0], dtype=np.int32), seg_len)
+    return position_ids, padding_mask, seq_idx
+
+
 def trim_cu_seqlens(cu_seqlens, num_segments: int | None = None):
     """Drop static-shape padding from a boundary array (case B19).
 
@@ -225,9 +246,7 @@ class PackedSequence:
             i = int(bad[0])
             _fail(3, f"segment {i}: real length {int(real[i])} must satisfy 0 < real <= padded ({int(padded[i])})")
         starts = cup[:-1].astype(np.int64)
-        seq_idx = np.repeat(np.arange(n, dtype=np.int32), padded)
-        position_ids = np.arange(t, dtype=np.int64) - np.repeat(starts, padded)
-        padding_mask = position_ids >= np.repeat(real, padded)
+        position_ids, padding_mask, seq_idx = _segment_fields(cup, real)
         if sample_ids is None:
             sample_ids = [str(i) for i in range(n)]
         sample_ids = list(sample_ids)
@@ -400,9 +419,7 @@ class PackedSequence:
 
         # ---- 4: padding_mask and seq_idx implied by the boundaries
         starts = cup[:-1]
-        exp_seq = np.repeat(np.arange(n, dtype=np.int64), padded)
-        exp_pos = np.arange(t, dtype=np.int64) - np.repeat(starts, padded)
-        exp_pad = exp_pos >= np.repeat(real, padded)
+        exp_pos, exp_pad, exp_seq = _segment_fields(cup, real)
         # logical boundaries must sit inside their physical segment: cu[i] is the count of real
         # tokens before segment i
         exp_cu = np.concatenate([[0], np.cumsum(real)])
@@ -681,9 +698,7 @@ def build_packed_sequence(
         input_ids[a:a + L] = s.input_ids
         labels[a:a + L] = s.labels
         has_final[i] = int(s.labels[-1]) != IGNORE_INDEX
-    starts = cup[:-1]
-    position_ids = np.arange(t, dtype=np.int64) - np.repeat(starts, padded)
-    padding_mask = position_ids >= np.repeat(lens, padded)
+    position_ids, padding_mask, seq_idx = _segment_fields(cup, lens)
     media = [s.media for s in samples]
     return PackedSequence(
         input_ids=input_ids,
@@ -695,7 +710,7 @@ def build_packed_sequence(
         seq_lens=lens.astype(np.int32),
         max_seqlen=int(padded.max()),
         padding_mask=padding_mask,
-        seq_idx=np.repeat(np.arange(len(samples), dtype=np.int32), padded),
+        seq_idx=seq_idx,
         sample_ids=[str(s.sample_id) for s in samples],
         media=media if any(x is not None for x in media) else None,
         num_segments=len(samples),
