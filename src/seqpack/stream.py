@@ -282,9 +282,9 @@ def pack_selected_samples(
 ):
     """Build one packed row from a selected group (Megatron-Energon's ``pack_selected_samples``).
 
-    Thin wrapper over :func:`seqpack.packed.build_packed_sequence` that also fills
-    ``PackedSequence.media`` with each segment's ``Sample.media`` (pixel tensors in segment order)
-    when the builder did not, and, for image-text segments from :mod:`seqpack.data.media`, adds
+    Thin wrapper over :func:`seqpack.packed.build_packed_sequence` (which fills
+    ``PackedSequence.media`` with each segment's ``Sample.media``, in segment order) that, for
+    image-text segments from :mod:`seqpack.data.media`, adds
     ``extra["mrope_position_ids"]`` (int64 ``[3, T]``, M-RoPE positions restarting per segment).
 
     Args:
@@ -306,8 +306,6 @@ def pack_selected_samples(
         seq_length=seq_length,
         pad_to_max_length=pad_to_max_length,
     )
-    if getattr(packed, "media", None) is None and any(getattr(s, "media", None) for s in samples):
-        packed.media = [getattr(s, "media", None) for s in samples]
     if packed.media is not None:
         from seqpack.data.media import packed_mrope_position_ids
 
