@@ -12,21 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.data import IGNORE_INDEX, TokenizerError, load_tokenizer, prepare, tokenizer_fingerprint
+from seqpack.data import TokenizerError, load_tokenizer, prepare, tokenizer_fingerprint
+
+from _helpers import trained_runs
 
 QWEN_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
-
-
-def trained_runs(labels: np.ndarray) -> list[list[int]]:
-    pos = np.flatnonzero(labels != IGNORE_INDEX)
-    runs: list[list[int]] = []
-    prev = None
-    for p in pos:
-        if prev is None or p != prev + 1:
-            runs.append([])
-        runs[-1].append(int(labels[p]))
-        prev = p
-    return runs
 
 
 def check_accounting_and_labels(tok, samples, report, n_records):

@@ -26,18 +26,7 @@ from seqpack.data import (
     render_conversation,
 )
 
-
-def trained_runs(labels: np.ndarray) -> list[list[int]]:
-    """Target token ids of each contiguous run of trained label slots."""
-    pos = np.flatnonzero(labels != IGNORE_INDEX)
-    runs: list[list[int]] = []
-    prev = None
-    for p in pos:
-        if prev is None or p != prev + 1:
-            runs.append([])
-        runs[-1].append(int(labels[p]))
-        prev = p
-    return runs
+from _helpers import trained_runs
 
 
 QWEN_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)

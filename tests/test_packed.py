@@ -92,16 +92,16 @@ def test_B24_builder_refuses_plan_exceeding_capacity():
 
 
 def test_B24_with_pack_lengths_one_source_of_truth():
-    algos = pytest.importorskip("seqpack.algorithms")
-    try:
-        plan = algos.pack_lengths(np.array([5, 5]), 12, pad_to_multiple_of=4)
-    except (TypeError, AttributeError):  # planner not landed yet
-        pytest.skip("seqpack.algorithms.pack_lengths not available")
+    from seqpack.algorithms import pack_lengths
+
+    # 5 rounds up to 8 for multiple 4: two 8s do not share a 12-token pack, although 5 + 5 would fit
+    plan = pack_lengths(np.array([5, 5]), 12, pad_to_multiple_of=4)
     assert plan.num_bins == 2
+    assert plan.bin_loads.tolist() == [8, 8]
     samples = [mk(np.arange(1, 6), "a"), mk(np.arange(1, 6), "b")]
-    for b in plan.bins:
+    for b, load in zip(plan.bins, plan.bin_loads):
         p = build_packed_sequence([samples[i] for i in b], pad_to_multiple_of=4, pad_token_id=PAD, seq_length=12)
-        assert p.length <= 12
+        assert p.length == load == 8
 
 
 def test_B19_trim_cu_seqlens():
