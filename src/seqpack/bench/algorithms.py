@@ -131,7 +131,7 @@ def run_algorithms(
                 del packed
             del ds
         if n <= max_reference_n:
-            reps = max(1, min(repeats, 2 if n > 50_000 else repeats))
+            reps = min(repeats, 2) if n > 50_000 else repeats  # O(n^2) reference: at most 2 runs when large
             log(f"  {ref.LLAMAFACTORY_NAME} x{reps}")
             packs, t = timed(lambda: ref.llamafactory_greedy_knapsack(x, capacity), reps)
             loads = np.array([int(x[p].sum()) for p in packs], np.int64)
