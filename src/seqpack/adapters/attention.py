@@ -74,10 +74,12 @@ def dense_block_causal_mask(seq_idx, padding_mask=None):
     """
     import torch
 
+    from seqpack.parallel.attention import block_causal_mask
+
     s = _row(seq_idx, "seq_idx")
     T = s.shape[0]
     idx = torch.arange(T, device=s.device)
-    mask = (s[:, None] == s[None, :]) & (idx[:, None] >= idx[None, :])
+    mask = block_causal_mask(idx, idx, s, s)
     if padding_mask is not None:
         pad = _row(padding_mask, "padding_mask").to(torch.bool)
         mask &= (~pad)[None, :] | torch.eye(T, dtype=torch.bool, device=s.device)
