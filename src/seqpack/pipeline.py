@@ -238,7 +238,8 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
     The same file given twice, or a glob that overlaps an explicit path, would otherwise be read twice
     and every record packed twice (duplicate ``sample_ids``). Files are compared by
     ``os.path.realpath`` (symlinks and ``./a`` vs ``a`` resolve to the same file); in-memory
-    datasets/records are never merged. Each dropped repeat is reported through ``log``.
+    datasets/records are never merged. Each dropped repeat is reported through ``log`` (else as a
+    WARNING on the ``seqpack.data.formats`` logger).
 
     Returns:
         the expanded inputs (``Path`` objects, datasets, record lists), without repeats.
@@ -247,24 +248,13 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
         FileNotFoundError / DataFormatError: from ``seqpack.data.formats.expand_inputs`` (missing path,
             empty glob, directory).
     """
-    from seqpack.data.formats import expand_inputs
+    from seqpack.data.formats import _dedupe_paths, expand_inputs
 
     inputs = list(inputs)
     if inputs and all(isinstance(x, dict) for x in inputs):  # one list of in-memory records
         return expand_inputs(inputs)
     expanded = [x for item in inputs for x in expand_inputs([item])]  # per item: repeats are seen here
-    out: list[Any] = []
-    seen: dict[str, Any] = {}
-    for item in expanded:
-        if isinstance(item, (str, os.PathLike)):
-            key = os.path.realpath(os.fspath(item))
-            if key in seen:
-                if log is not None:
-                    log(f"input {os.fspath(item)} is the same file as {os.fspath(seen[key])}; read once")
-                continue
-            seen[key] = item
-        out.append(item)
-    return out
+    return _dedupe_paths(expanded, log)
 
 
 def _input_label(item: Any) -> str:
@@ -829,6 +819,7 @@ def pack_dataset(
             )
             num_samples, trainable = len(spill), spill.trainable_tokens
             get_sample: Callable[[int], Any] = spill.get
+            lengths = spill.lengths()
         else:
             samples, report, media_stats, proc = _prepare_in_memory(
                 items, tok, seq_length=seq_length, overlength=overlength, on_error=on_error,
@@ -838,8 +829,6 @@ def pack_dataset(
             num_samples, trainable = len(samples), int(sum(s.num_trainable for s in samples))
             get_sample = samples.__getitem__
             lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
-        if spill is not None:
-            lengths = spill.lengths()
         return _plan_and_write(
             items, output, tok, tok_name, tok_hash, chat_hash, report, media_stats, proc, sources,
             num_samples, trainable, lengths, get_sample, t0=t0, say=say, stages=stages, m=m, algo=algo,

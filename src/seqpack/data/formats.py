@@ -48,7 +48,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 __all__ = [
     "DataFormatError",
@@ -240,18 +240,24 @@ def expand_inputs(inputs: Any) -> list[Any]:
     return _dedupe_paths(out)
 
 
-def _dedupe_paths(items: list[Any]) -> list[Any]:
-    """Drop files whose real path was already listed (first occurrence wins); datasets are kept."""
+def _dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> list[Any]:
+    """Drop files whose real path was already listed (first occurrence wins); datasets are kept.
+
+    Each dropped repeat is reported through ``log`` when given, else as a WARNING on this module's logger.
+    """
     seen: dict[str, Path] = {}
     out: list[Any] = []
     for it in items:
         if isinstance(it, Path):
             real = os.path.realpath(it)
             if real in seen:
-                logger.warning(
-                    "input %s is the same file as %s (listed twice, e.g. by a path and an overlapping glob): "
-                    "read once", it, seen[real]
-                )
+                if log is not None:
+                    log(f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])}; read once")
+                else:
+                    logger.warning(
+                        "input %s is the same file as %s (listed twice, e.g. by a path and an overlapping "
+                        "glob): read once", it, seen[real]
+                    )
                 continue
             seen[real] = it
         out.append(it)
