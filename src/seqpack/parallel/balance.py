@@ -515,14 +515,17 @@ class SampleBalancePlan:
 
     @property
     def dp_size(self) -> int:
+        """Data-parallel ranks (the schedule's width)."""
         return self.schedule.dp_size
 
     @property
     def micro_batches(self) -> int:
+        """Micro-batches (packs) per rank per optimizer step."""
         return self.schedule.micro_batches
 
     @property
     def num_steps(self) -> int:
+        """Number of optimizer steps in the schedule."""
         return self.schedule.num_steps
 
     @property
