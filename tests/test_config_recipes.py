@@ -84,6 +84,7 @@ def test_recipes_and_registry_ship_as_package_data():
     globs = pyproject["tool"]["setuptools"]["package-data"]["seqpack"]
     pkg = REPO / "src" / "seqpack"
     files = [pkg / "resources" / "families.yaml", *sorted((pkg / "resources" / "recipes").glob("*.yaml"))]
+    assert len(files) > 1, "no recipes found under resources/recipes"
     for f in files:
         rel = f.relative_to(pkg).as_posix()
         # setuptools expands package-data globs with glob(recursive=True): "*" stops at "/", "**" does not

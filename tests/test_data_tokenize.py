@@ -307,6 +307,12 @@ def test_B10_split_property_any_multiple(n, cap, mask):
 def test_B11_stored_length_is_final_length_property(n, cap, mask, policy):
     tr = np.array(mask[:n])
     out, entries = apply_overlength(np.arange(n), tr, seq_length=cap, overlength=policy, sample_id="p")
+    assert out or entries  # nothing lost silently: a sample or a report entry
+    if out:
+        # tokens kept in order: split keeps every token once, truncate the first cap, short samples all
+        kept = n if policy == "split" or n <= cap else cap
+        assert np.array_equal(np.concatenate([s.input_ids for s in out]), np.arange(kept))
+        assert policy == "split" or len(out) == 1
     for s in out:
         assert s.length == len(s.input_ids) == len(s.labels) <= cap
         if policy != "split":

@@ -108,6 +108,9 @@ def test_roll_never_crosses_a_segment():
     for s, n in enumerate(lengths):
         seg = r_ids[cup[s]:cup[s] + n]
         assert all(t == PAD or t // 100 == s + 1 for t in seg.tolist())
+        # exactly: the segment's own tokens moved left by 2, its last 2 real slots padding
+        own = (100 * (s + 1) + np.arange(n)).tolist()
+        assert seg.tolist() == own[2:] + [PAD] * min(2, n)
 
 
 def test_B22_roll_uses_padded_offsets_not_logical_ones():

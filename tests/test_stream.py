@@ -115,8 +115,10 @@ def test_pad_multiple_is_respected():
     cap, m = 1024, 64
     lens = lognormal_lengths(800, cap - m)
     p = StreamingPacker(lens, cap, packing_buffer_size=100, output="indices", pad_to_multiple_of=m)
-    for pk in p:
+    packs = list(p)
+    for pk in packs:
         assert int((-(-lens[pk] // m) * m).sum()) <= cap
+    assert sorted(keys_of(packs)) == list(range(800))  # the loop above saw every sample
 
 
 def test_end_of_stream_drains_and_drop_last_is_reported(caplog):
