@@ -268,6 +268,13 @@ def render_conversation(
             reason="template_error",
         )
     ends = markers.ends
+
+    def span_mismatch(k: int, what: str, fix: str) -> DataFormatError:
+        return DataFormatError(
+            f"assistant message {k}: {what}", source=conv.source, index=conv.index,
+            reason="template_span_mismatch", fix=fix,
+        )
+
     spans: list[tuple[int, int]] = []
     cursor = 0
     for k, m in enumerate(conv.messages):
@@ -289,11 +296,8 @@ def render_conversation(
             if p >= 0 and (start < 0 or p + len(h) < start):
                 start = p + len(h)
         if start < 0:
-            raise DataFormatError(
-                f"assistant message {k}: its header {markers.headers[0]!r} is not in the rendered text.",
-                source=conv.source,
-                index=conv.index,
-                reason="template_span_mismatch",
+            raise span_mismatch(
+                k, f"its header {markers.headers[0]!r} is not in the rendered text.",
                 fix="the chat template dropped or rewrote this assistant turn; check the role order.",
             )
         q = start
@@ -307,23 +311,17 @@ def render_conversation(
             if p >= 0 and (e < 0 or p < e):
                 e, eot = p, x
         if e < 0:
-            raise DataFormatError(
-                f"assistant message {k}: no end-of-turn marker {ends} after it in the rendered text.",
-                source=conv.source,
-                index=conv.index,
-                reason="template_span_mismatch",
+            raise span_mismatch(
+                k, f"no end-of-turn marker {ends} after it in the rendered text.",
                 fix="the chat template does not close this assistant turn; use another template.",
             )
         end = e + len(eot)
         plain = content.strip()
         if plain and "<think>" not in content and "</think>" not in content and plain not in text[start:end]:
-            raise DataFormatError(
-                f"assistant message {k}: its content is not inside the span found for it "
-                f"({text[start:end][:80]!r}...), so the template does not render it verbatim or the turn "
-                "boundaries are ambiguous (e.g. content holding template markers).",
-                source=conv.source,
-                index=conv.index,
-                reason="template_span_mismatch",
+            raise span_mismatch(
+                k, f"its content is not inside the span found for it ({text[start:end][:80]!r}...), so the "
+                "template does not render it verbatim or the turn boundaries are ambiguous (e.g. content "
+                "holding template markers).",
                 fix="check the record for chat-template marker strings in its text, or skip it with on_error='skip'.",
             )
         spans.append((start, end))
