@@ -244,7 +244,9 @@ def test_validate_is_fast():
 
 @settings(deadline=None, max_examples=100)
 @given(
-    seq_length=st.integers(1, 5000),
+    # half the draws are multiples of 96 (= lcm of every multiple and 2*cp below), so valid packed and CP
+    # configs reach the planner branch often (a plain 1..5000 draw made ~5 % of examples valid)
+    seq_length=st.one_of(st.integers(1, 5000), st.integers(1, 52).map(lambda k: 96 * k)),
     mult=st.sampled_from([1, 2, 3, 4, 8, 16]),
     cp=st.sampled_from([1, 2, 3, 4]),
     tp=st.sampled_from([1, 2, 4]),
