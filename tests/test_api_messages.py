@@ -17,6 +17,9 @@ from seqpack.packed import build_packed_sequence
 def test_pack_lengths_accepts_any_iterable_of_ints():
     lens = [300, 700, 200, 900, 100]
     ref = pack_lengths(lens, 1000, seed=3)
+    # the list route itself is right: all 5 samples once, in ceil(2200 / 1000) = 3 packs, none over 1000
+    assert sorted(np.concatenate(ref.bins).tolist()) == list(range(5))
+    assert ref.num_bins == 3 and int(ref.bin_loads.max()) <= 1000 and int(ref.bin_loads.sum()) == 2200
     for it in ((x for x in lens), iter(lens), tuple(lens), range(100, 600, 100), map(int, lens)):
         plan = pack_lengths(it, 1000, seed=3)
         if isinstance(it, range):
