@@ -283,7 +283,7 @@ def test_hf_dataset_columns_and_errors():
 
 
 def test_real_packed_dataset_roundtrips_all_formats(shared_data, tmp_path):
-    pipeline = pytest.importorskip("seqpack.pipeline")
+    from seqpack import pipeline  # a core module: an import error must fail, not skip
     src = shared_data / "llama-factory" / "alpaca_en_demo.json"
     res = pipeline.pack_dataset([src], tmp_path / "packed", seq_length=1024, pad_to_multiple_of=8)
     ds = res.load()
