@@ -180,6 +180,24 @@ def _validate_policies(**given: Any) -> None:
             raise PackConfigError(f"{key}={val!r} is not valid (--{key.replace('_', '-')}); choose one of: {choices}")
 
 
+def _input_list(inputs: Any) -> list[Any]:
+    """``inputs`` as a list: ``None`` = the embedded demo data, one path/dataset = a one-item list."""
+    if inputs is None:
+        return [sample_data_path()]
+    if isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
+        return [inputs]
+    return list(inputs)
+
+
+def _load_tokenizer(tokenizer: Any) -> tuple[Any, str | None]:
+    """``(tokenizer object, name recorded in metadata)`` from a name/path (``load_tokenizer``) or an object."""
+    from seqpack.data.tokenizer import load_tokenizer
+
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer), str(tokenizer)
+    return tokenizer, getattr(tokenizer, "name_or_path", None)
+
+
 def _tokenizer_hashes(tok: Any) -> tuple[str | None, str | None]:
     """``(tokenizer files sha256, chat template sha256)`` from ``seqpack.data.tokenizer_fingerprint``
     (the one place tokenizers are identified)."""
@@ -223,13 +241,6 @@ def _metadata_settings(
         "chat_template_hash": chat_template_hash,
         "pad_token_id": pad_token_id,
     }
-
-
-def _describe_inputs(inputs: Sequence[Any]) -> list[dict[str, Any]]:
-    """:func:`~seqpack.io.describe_input` of every input after glob expansion (as ``prepare`` reads them)."""
-    from seqpack.data.formats import expand_inputs
-
-    return [describe_input(i) for i in expand_inputs(list(inputs))]
 
 
 def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = None) -> list[Any]:
@@ -788,17 +799,9 @@ def pack_dataset(
     proc = None
     if image_processor is not None or min_pixels is not None or max_pixels is not None:
         proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
-    if inputs is None:
-        inputs = [sample_data_path()]
-    elif isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
     fmt = None if format in (None, "auto") else format
-    items = dedupe_inputs(list(inputs), say)
-
-    from seqpack.data.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    tok_name = str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else getattr(tok, "name_or_path", None)
+    items = dedupe_inputs(_input_list(inputs), say)
+    tok, tok_name = _load_tokenizer(tokenizer)
     tok_hash, chat_hash = _tokenizer_hashes(tok)
 
     # ---- 1. read, normalise, tokenize without a length limit (an image sample's length is only known

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from seqpack.io.fingerprint import describe_input
 from seqpack.io.writer import PackedWriter, check_output_dir
 
 __all__ = ["PLANNING_MODES", "RAY_INSTALL_HINT", "pack_dataset_ray", "require_ray", "start_ray"]
@@ -455,7 +456,8 @@ def pack_dataset_ray(
         NothingToPackError,
         PackConfigError,
         PackResult,
-        _describe_inputs,
+        _input_list,
+        _load_tokenizer,
         _metadata_settings,
         _pad_token_id,
         _Stages,
@@ -481,18 +483,12 @@ def pack_dataset_ray(
     require_ray()
     from seqpack.data.formats import expand_inputs
     from seqpack.data.prepare import _display_names
-    from seqpack.data.tokenizer import load_tokenizer
-    from seqpack.pipeline import sample_data_path
 
-    if inputs is None:
-        inputs = [sample_data_path()]
-    elif isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
+    inputs = _input_list(inputs)
     fmt = None if format in (None, "auto") else format
-    items = expand_inputs(list(inputs))
+    items = expand_inputs(inputs)
     names = _display_names(items)
-    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    tok_name = str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else getattr(tok, "name_or_path", None)
+    tok, tok_name = _load_tokenizer(tokenizer)
     tok_hash, chat_hash = _tokenizer_hashes(tok)
     pad_id = _pad_token_id(tok)
     settings = {
@@ -630,7 +626,7 @@ def pack_dataset_ray(
         meta = build_metadata(
             lengths=lengths, trainable_tokens=int(report.trainable_tokens), bins=plan.bins,
             lower_bound=int(global_plan.lower_bound), report=report, settings=meta_settings,
-            described_inputs=_describe_inputs(inputs), tokenizer_name=tok_name,
+            described_inputs=[describe_input(i) for i in items], tokenizer_name=tok_name,
             # per-shard planning gives different packs from the same inputs: a different fingerprint
             fingerprint_extra={"planning": "per_shard"} if planning == "per_shard" else None,
         )
