@@ -108,6 +108,7 @@ class PackResult:
 
     @property
     def num_packs(self) -> int:
+        """Number of packs (rows) written, from the metadata."""
         return self.metadata.num_packs
 
     def load(self, expect: dict | None = None):

@@ -125,6 +125,7 @@ class PrepareReport:
     entries: list[SampleRecord] = field(default_factory=list)
 
     def count(self, status: str | None = None, reason: str | None = None) -> int:
+        """Number of ``entries`` with this ``status`` and ``reason`` (``None`` matches any)."""
         return sum(
             1
             for e in self.entries
@@ -132,6 +133,7 @@ class PrepareReport:
         )
 
     def by_reason(self) -> dict[str, dict[str, int]]:
+        """Entry counts as ``{status: {reason: count}}`` (statuses and reasons in first-seen order)."""
         out: dict[str, dict[str, int]] = {}
         for e in self.entries:
             out.setdefault(e.status, {}).setdefault(e.reason, 0)
@@ -139,6 +141,7 @@ class PrepareReport:
         return out
 
     def merge(self, other: "PrepareReport") -> None:
+        """Add ``other``'s counters to this report and append its entries (in place)."""
         self.records_read += other.records_read
         self.samples_out += other.samples_out
         self.tokens += other.tokens

@@ -78,6 +78,7 @@ class TemplateMarkers:
 
     @property
     def ends(self) -> tuple[str, ...]:
+        """The distinct non-empty end-of-turn strings (``end_of_turn`` first), searched after a turn's header."""
         return tuple(dict.fromkeys(e for e in (self.end_of_turn, self.end_of_turn_mid) if e))
 
     @classmethod

@@ -135,11 +135,13 @@ class PackedMetadata:
         return self.seq_length
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-able values, plus ``capacity`` (= ``seq_length``)."""
         d = asdict(self)
         d["capacity"] = self.seq_length
         return d
 
     def to_json(self) -> str:
+        """The ``metadata.json`` text (indented, fields in declaration order, trailing newline)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default) + "\n"
 
     @classmethod

@@ -137,6 +137,7 @@ class PackedDataset:
 
     @property
     def capacity(self) -> int:
+        """The bin capacity in tokens (``metadata.seq_length``)."""
         return self.metadata.seq_length
 
     def report(self) -> list[dict[str, Any]]:

@@ -289,6 +289,7 @@ class PackedWriter:
             self._flush()
 
     def write_all(self, rows: Iterable[Any]) -> None:
+        """:meth:`write` every row of ``rows`` in order (errors as :meth:`write`)."""
         for r in rows:
             self.write(r)
 
