@@ -58,6 +58,60 @@ def test_llamafactory_reference_places_every_index_once_within_capacity(lengths,
         assert len(packs) >= math.ceil(sum(lengths) / cap)
 
 
+needs_llamafactory = pytest.mark.skipif(ref.llamafactory_installed() is None,
+                                        reason=f"llamafactory not installed ({ref.BASELINE_INSTALL})")
+needs_bridge = pytest.mark.skipif(ref.megatron_bridge_installed() is None,
+                                  reason=f"megatron-bridge not installed ({ref.BASELINE_INSTALL})")
+
+
+@needs_llamafactory
+@settings(deadline=None, max_examples=80)
+@given(st.lists(st.integers(1, 120), min_size=0, max_size=150), st.integers(120, 400))
+def test_llamafactory_reference_equals_installed_greedy_knapsack(lengths, cap):
+    # the re-implementation (used when llamafactory is absent) must give the published function's packs,
+    # in its order, with its index choice among equal lengths
+    assert ref.llamafactory_greedy_knapsack(lengths, cap) == ref.llamafactory_installed_greedy_knapsack(lengths, cap)
+
+
+@needs_bridge
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=200), st.integers(100, 300))
+def test_megatron_bridge_ffd_loads_equal_seqpack_ffd(lengths, cap):
+    from seqpack.algorithms import pack_lengths
+
+    bridge = ref.megatron_bridge_packing(lengths, cap, "first_fit_decreasing")
+    ours = pack_lengths(np.asarray(lengths), cap, "first_fit_decreasing", shuffle_packs=False)
+    # FFD is deterministic up to ties between equal lengths, which do not change the loads
+    assert np.asarray(ours.bin_loads).tolist() == bridge.tolist()
+    assert int(bridge.sum()) == sum(lengths) and int(bridge.max()) <= cap
+
+
+@needs_bridge
+def test_megatron_bridge_shuffle_is_seeded_and_keeps_global_rng():
+    x = [int(v) for v in np.random.default_rng(3).integers(1, 500, 400)]
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    a = ref.megatron_bridge_packing(x, 1024, "first_fit_shuffle", seed=7)
+    assert np.array_equal(np.random.get_state()[1], before)  # the caller's global NumPy RNG is untouched
+    b = ref.megatron_bridge_packing(x, 1024, "first_fit_shuffle", seed=7)
+    c = ref.megatron_bridge_packing(x, 1024, "first_fit_shuffle", seed=8)
+    assert a.tolist() == b.tolist() and int(a.sum()) == sum(x)
+    assert int(c.sum()) == sum(x) and a.tolist() != c.tolist()
+    with pytest.raises(ValueError, match="first_fit_decreasing"):
+        ref.megatron_bridge_packing(x, 1024, "best_fit")
+    with pytest.raises(ValueError, match="capacity"):
+        ref.megatron_bridge_packing([2000], 1024)
+
+
+def test_load_installed_file_names_the_install_command():
+    with pytest.raises(ref.ReferenceUnavailable, match="pip install --no-deps llamafactory==0.9.5"):
+        ref.load_installed_file("no-such-distribution-xyz", "x/y.py")
+    with pytest.raises(ref.ReferenceUnavailable, match="has no not/a/file.py"):
+        ref.load_installed_file("numpy", "not/a/file.py")
+    with pytest.raises(ValueError, match=">= 1|< 1"):
+        ref.llamafactory_greedy_knapsack([0, 3], 8)
+
+
 def test_bench_algorithms_tiny(tmp_path):
     from seqpack.bench.algorithms import run_algorithms
 
@@ -65,7 +119,13 @@ def test_bench_algorithms_tiny(tmp_path):
     data = json.loads((tmp_path / "algorithms.json").read_text())
     assert data["benchmark"] == "algorithms" and data["sizes"] == [3000]
     progs = {r["program"] for r in data["results"]}
-    assert "seqpack balanced_best_fit (default)" in progs and ref.LLAMAFACTORY_NAME in progs
+    lf_version, bridge_version = ref.llamafactory_installed(), ref.megatron_bridge_installed()
+    lf_name = f"llamafactory {lf_version} greedy_knapsack" if lf_version else ref.LLAMAFACTORY_NAME
+    assert "seqpack balanced_best_fit (default)" in progs and lf_name in progs
+    if bridge_version:
+        assert {f"megatron-bridge {bridge_version} {a}" for a in ref.BRIDGE_ALGORITHMS} <= progs
+    else:
+        assert any(s["program"] == "megatron-bridge" for s in data["skipped"])
     if ref.trl_available():
         assert {"trl pack_dataset bfd", "trl pack_dataset wrapped"} <= progs
     for r in data["results"]:

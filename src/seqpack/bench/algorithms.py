@@ -6,8 +6,16 @@ Compared on the same lengths (lognormal SFT mix: median 250 tokens, sigma 1, cli
 - seqpack ``balanced_best_fit`` (the default), ``best_fit_decreasing`` and ``greedy_knapsack``
   (``seqpack.algorithms.pack_lengths``, numba kernels, bin index lists included);
 - TRL ``pack_dataset`` with ``strategy="bfd"`` and ``"wrapped"`` (see :mod:`seqpack.bench.references`);
-- LLaMA-Factory's greedy knapsack (reference re-implementation, pure Python; skipped above
-  ``max_reference_n`` items because ``list.pop`` makes it O(n^2) in the worst case; a skip is recorded).
+- LLaMA-Factory 0.9.5 ``greedy_knapsack``, the installed function (its reference re-implementation
+  when ``llamafactory`` is not installed; pure Python; skipped above ``max_reference_n`` items because
+  ``list.pop`` makes it O(n^2) in the worst case; a skip is recorded);
+- Megatron-Bridge 0.3.1 ``create_packing_strategy`` with ``first_fit_decreasing`` and
+  ``first_fit_shuffle`` (its default), installed; pure Python and O(n * packs), so skipped above
+  ``max_bridge_n`` items (a skip is recorded). NeMo 2 ships the same code.
+
+The PyPI baselines other than TRL install with
+``pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1`` (see
+:mod:`seqpack.bench.references`); a missing one is listed in ``skipped``, never silently dropped.
 
 Reported per program and size: packs (bins), the L1 bound ``ceil(sum/C)`` and the Martello-Toth L2
 bound, excess over L2 in %, utilization (tokens / (bins * C)), load spread (max - min pack load,
@@ -69,6 +77,7 @@ def run_algorithms(
     repeats: int = 3,
     out_dir: str | os.PathLike = "bench_results",
     max_reference_n: int = 1_000_000,
+    max_bridge_n: int = 100_000,
     trl: bool = True,
     seed: int = 0,
     log: Callable[[str], None] = print,
@@ -81,7 +90,9 @@ def run_algorithms(
         repeats: timed runs per program (median reported); TRL at n >= 1,000,000 runs once
             (memory: ~3 GB per run) and says so in ``note``.
         out_dir: folder for the JSON and PNG files (created).
-        max_reference_n: largest n for the pure-Python LLaMA-Factory reference (O(n^2)).
+        max_reference_n: largest n for LLaMA-Factory's pure-Python greedy knapsack (O(n^2) worst case).
+        max_bridge_n: largest n for Megatron-Bridge's pure-Python first fit (O(n * packs): about a
+            minute per run at 100,000 lengths; above 20,000 lengths it runs once).
         trl: include TRL when importable (skips are recorded in ``skipped``).
         seed: seed of the length generator.
         log: one-line progress messages.
@@ -106,6 +117,18 @@ def run_algorithms(
     skipped: list[dict[str, Any]] = []
     if trl and not has_trl:
         skipped.append({"program": "trl", "n": None, "reason": "trl/datasets not importable"})
+    lf_version, bridge_version = ref.llamafactory_installed(), ref.megatron_bridge_installed()
+    if lf_version:
+        lf_name, lf_fn, lf_note = (f"llamafactory {lf_version} greedy_knapsack",
+                                   ref.llamafactory_installed_greedy_knapsack, "installed, pure Python")
+    else:
+        lf_name, lf_fn, lf_note = (ref.LLAMAFACTORY_NAME, ref.llamafactory_greedy_knapsack,
+                                   "pure-Python reference re-implementation")
+        skipped.append({"program": "llamafactory", "n": None,
+                        "reason": f"not installed ({ref.BASELINE_INSTALL}); its reference re-implementation runs"})
+    if not bridge_version:
+        skipped.append({"program": "megatron-bridge", "n": None,
+                        "reason": f"not installed ({ref.BASELINE_INSTALL})"})
     goals: list[dict[str, Any]] = []
     for n in sizes:
         x = lognormal_lengths(n, seed=seed, capacity=capacity)
@@ -131,15 +154,25 @@ def run_algorithms(
                 del packed
             del ds
         if n <= max_reference_n:
-            reps = min(repeats, 2) if n > 50_000 else repeats  # O(n^2) reference: at most 2 runs when large
-            log(f"  {ref.LLAMAFACTORY_NAME} x{reps}")
-            packs, t = timed(lambda: ref.llamafactory_greedy_knapsack(x, capacity), reps)
+            reps = min(repeats, 2) if n > 50_000 else repeats  # O(n^2) worst case: at most 2 runs when large
+            log(f"  {lf_name} x{reps}")
+            packs, t = timed(lambda: lf_fn(x, capacity), reps)
             loads = np.array([int(x[p].sum()) for p in packs], np.int64)
-            by_prog[ref.LLAMAFACTORY_NAME] = _row(ref.LLAMAFACTORY_NAME, n, loads, t, l1, l2, capacity,
-                                                  note="pure-Python reference re-implementation")
+            by_prog[lf_name] = _row(lf_name, n, loads, t, l1, l2, capacity, note=lf_note)
         else:
-            skipped.append({"program": ref.LLAMAFACTORY_NAME, "n": n,
+            skipped.append({"program": lf_name, "n": n,
                             "reason": f"n > max_reference_n={max_reference_n} (O(n^2) list.pop)"})
+        for algo in ref.BRIDGE_ALGORITHMS if bridge_version else ():
+            name = f"megatron-bridge {bridge_version} {algo}"
+            if n > max_bridge_n:
+                skipped.append({"program": name, "n": n,
+                                "reason": f"n > max_bridge_n={max_bridge_n} (O(n * packs) first fit)"})
+                continue
+            reps = 1 if n > 20_000 else repeats
+            log(f"  {name} x{reps}")
+            loads, t = timed(lambda a=algo: ref.megatron_bridge_packing(x, capacity, a, seed=seed), reps)
+            by_prog[name] = _row(name, n, loads, t, l1, l2, capacity,
+                                 note="installed, pure Python" + ("; 1 run (O(n * packs))" if reps < repeats else ""))
         base_name = f"seqpack {PackingAlgorithm(DEFAULT_ALGORITHM).value} (default)"
         base = by_prog[base_name]
         for r in by_prog.values():
@@ -160,11 +193,18 @@ def run_algorithms(
                 f"n={n:,}: seqpack default faster than TRL bfd (CPU)", base["cpu_s"] < trl_bfd["cpu_s"],
                 f"seqpack {base['cpu_s']:.3f} s vs TRL {trl_bfd['cpu_s']:.3f} s "
                 f"(TRL takes {trl_bfd['cpu_s'] / max(base['cpu_s'], 1e-9):.1f}x as long)"))
-        lf = by_prog.get(ref.LLAMAFACTORY_NAME)
+        lf = by_prog.get(lf_name)
         if lf:
             goals.append(verdict(
                 f"n={n:,}: seqpack default packs <= LLaMA-Factory greedy knapsack packs", base["bins"] <= lf["bins"],
                 f"{base['bins']} vs {lf['bins']}"))
+        for algo in ref.BRIDGE_ALGORITHMS:
+            br = by_prog.get(f"megatron-bridge {bridge_version} {algo}")
+            if br:
+                goals.append(verdict(
+                    f"n={n:,}: seqpack default packs <= Megatron-Bridge {algo} packs", base["bins"] <= br["bins"],
+                    f"{base['bins']} vs {br['bins']}; Bridge takes {br['cpu_s'] / max(base['cpu_s'], 1e-9):.0f}x "
+                    "as long"))
     payload = {"benchmark": "algorithms", "capacity": capacity, "sizes": list(sizes), "repeats": repeats,
                "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]", "results": results,
                "skipped": skipped, "goals": goals}

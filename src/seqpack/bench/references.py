@@ -5,30 +5,55 @@
   ``seq_length`` tokens; breaks samples, so its pack count is the L1 bound by construction). TRL works
   on a ``datasets.Dataset``: the lengths become an Arrow ``large_list<int32>`` column of dummy token
   ids, as in a tokenized SFT set.
-- **LLaMA-Factory greedy knapsack**, a *reference re-implementation* (named
-  ``llamafactory_greedy_knapsack (reference)`` in every table): LLaMA-Factory is not installed
-  (``llamafactory`` pins its own torch/transformers/peft/trl/gradio versions and importing
-  ``llamafactory.data.processor.processor_utils`` runs ``llamafactory.data.__init__``, which loads
-  its whole data stack), so :func:`llamafactory_greedy_knapsack` re-implements the published
-  algorithm of ``src/llamafactory/data/processor/processor_utils.py`` (``greedy_knapsack`` +
-  ``search_for_fit``) and the length-to-index mapping of its packed supervised processor:
-  sort the lengths ascending, then fill one pack at a time by repeatedly taking the largest length
-  that still fits (``bisect`` on the sorted Python list, ``list.pop``), open the next pack when
-  nothing fits. It is pure Python and O(n^2) in the worst case through ``list.pop`` (memmove of the
-  rest of the list), like the original; on SFT length mixes most pops take large items near the
-  end of the ascending list, so it runs in about 3 s for 1,000,000 lengths.
+- **LLaMA-Factory** ``greedy_knapsack`` (``llamafactory`` 0.9.5 from PyPI, installed with
+  ``--no-deps``): the function of ``llamafactory/data/processor/processor_utils.py`` is run as
+  installed, with the length-to-index mapping of its ``PackedSupervisedDatasetProcessor``
+  (``length2indexes[length].pop()``). ``llamafactory`` pins its own torch/transformers/peft/trl/gradio
+  versions and importing ``llamafactory.data`` loads its whole data stack, so the one file is loaded
+  by path from the installed distribution (:func:`load_installed_file`; that file only imports
+  ``bisect``, ``abc``, ``dataclasses`` and ``typing`` at run time). It is pure Python: it sorts the
+  lengths ascending, then fills one pack at a time by repeatedly taking the largest length that still
+  fits (``bisect``, ``list.pop``), and opens the next pack when nothing fits; ``list.pop`` makes it
+  O(n^2) in the worst case, but on SFT length mixes most pops take items near the end of the list,
+  so it runs in about 3 s for 1,000,000 lengths.
+- :func:`llamafactory_greedy_knapsack`, a *reference re-implementation* of the same algorithm (named
+  ``llamafactory_greedy_knapsack (reference)``), used only when ``llamafactory`` is not installed;
+  a test checks that it gives exactly the installed function's packs.
+- **Megatron-Bridge** ``create_packing_strategy`` (``megatron-bridge`` 0.3.1 from PyPI, installed with
+  ``--no-deps``; NeMo 2's ``nemo/utils/sequence_packing_utils.py`` is the same code):
+  ``first_fit_decreasing`` and ``first_fit_shuffle`` (Bridge's default) on the length histogram, as
+  Bridge's offline packed-SFT preparation calls them. ``packing_utils.py`` is loaded by path from the
+  installed distribution (it needs only ``numpy`` and ``tqdm``). Its first fit scans every open pack
+  and re-sums its items for every sample: O(n * packs * items per pack), about 2.4 s at 20,000
+  lengths and about a minute at 100,000, so the benchmark caps it (``max_bridge_n``).
+
+Install the two PyPI baselines (CI does; the benchmark records a skip when one is missing)::
+
+    pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1
 """
 
 from __future__ import annotations
 
 import bisect
+import importlib.metadata
+import importlib.util
+import sys
 from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Sequence
 
 import numpy as np
 
 __all__ = [
+    "BASELINE_INSTALL",
+    "ReferenceUnavailable",
+    "load_installed_file",
+    "llamafactory_installed",
+    "llamafactory_installed_greedy_knapsack",
     "llamafactory_greedy_knapsack",
+    "megatron_bridge_installed",
+    "megatron_bridge_packing",
     "trl_available",
     "trl_lengths_dataset",
     "trl_pack",
@@ -36,27 +61,172 @@ __all__ = [
 ]
 
 LLAMAFACTORY_NAME = "llamafactory_greedy_knapsack (reference)"
+BASELINE_INSTALL = "pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1"
+_LLAMAFACTORY_FILE = ("llamafactory", "llamafactory/data/processor/processor_utils.py")
+_BRIDGE_FILE = ("megatron-bridge", "megatron/bridge/data/datasets/packing_utils.py")
+BRIDGE_ALGORITHMS = ("first_fit_decreasing", "first_fit_shuffle")
+_loaded: dict[tuple[str, str], ModuleType] = {}
+
+
+class ReferenceUnavailable(RuntimeError):
+    """An installed baseline (a PyPI distribution or one of its files) is missing."""
+
+
+def load_installed_file(distribution: str, relpath: str) -> ModuleType:
+    """Load one ``.py`` file of an installed distribution as a standalone module (cached).
+
+    The file is executed by path (``importlib.util.spec_from_file_location``), so its package's
+    ``__init__`` modules are *not* run: this is how a single algorithm file of a framework with heavy,
+    conflicting pins (LLaMA-Factory, Megatron-Bridge) is run as published, without its stack.
+    The file's own top-level imports must be importable.
+
+    Args:
+        distribution: the PyPI distribution name (``"llamafactory"``, ``"megatron-bridge"``).
+        relpath: the file's path inside site-packages, as listed in the distribution's ``RECORD``.
+
+    Returns:
+        the executed module; ``module.__version__`` is set to the distribution's version.
+
+    Raises:
+        ReferenceUnavailable: the distribution is not installed or does not ship ``relpath``
+            (the message gives the install command).
+    """
+    key = (distribution, relpath)
+    if key in _loaded:
+        return _loaded[key]
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ReferenceUnavailable(f"{distribution} is not installed; install the baselines with: "
+                                   f"{BASELINE_INSTALL}") from None
+    path = Path(str(dist.locate_file(relpath)))
+    if not path.is_file():
+        raise ReferenceUnavailable(f"{distribution} {dist.version} has no {relpath}; install the pinned "
+                                   f"version: {BASELINE_INSTALL}")
+    name = "seqpack_baseline_" + distribution.replace("-", "_") + "_" + path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    module.__version__ = dist.version
+    _loaded[key] = module
+    return module
+
+
+def _available(distribution: str, relpath: str) -> str | None:
+    try:
+        return load_installed_file(distribution, relpath).__version__
+    except Exception:  # noqa: BLE001 - missing, or its imports fail: not available
+        return None
+
+
+def llamafactory_installed() -> str | None:
+    """The installed ``llamafactory`` version when its ``greedy_knapsack`` file loads, else ``None``."""
+    return _available(*_LLAMAFACTORY_FILE)
+
+
+def megatron_bridge_installed() -> str | None:
+    """The installed ``megatron-bridge`` version when its ``packing_utils`` file loads, else ``None``."""
+    return _available(*_BRIDGE_FILE)
+
+
+def _check_lengths(lengths: Sequence[int], capacity: int) -> list[int]:
+    lens = [int(x) for x in lengths]
+    if lens and max(lens) > capacity:
+        raise ValueError(f"length {max(lens)} > capacity {capacity}; truncate before packing")
+    if lens and min(lens) < 1:
+        raise ValueError(f"length {min(lens)} < 1; every sample has at least one token")
+    return lens
+
+
+def _lengths_to_indices(lengths: list[int], packs_of_lengths: list[list[int]]) -> list[list[int]]:
+    """LLaMA-Factory's mapping back from packed lengths to sample indices (``length2indexes[n].pop()``)."""
+    length2indexes: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(lengths):
+        length2indexes[n].append(i)
+    return [[length2indexes[n].pop() for n in pack] for pack in packs_of_lengths]
+
+
+def llamafactory_installed_greedy_knapsack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """LLaMA-Factory's own ``greedy_knapsack`` (installed ``llamafactory``), as its packed SFT processor runs it.
+
+    Args:
+        lengths: sample lengths in tokens (each in ``[1, capacity]``).
+        capacity: tokens per pack (LLaMA-Factory ``cutoff_len``).
+
+    Returns:
+        packs as lists of indices into ``lengths`` (every index exactly once), in LLaMA-Factory's
+        order and with its ``length2indexes[length].pop()`` index choice among equal lengths.
+
+    Raises:
+        ReferenceUnavailable: ``llamafactory`` is not installed.
+        ValueError: a length outside ``[1, capacity]`` (LLaMA-Factory drops those before packing).
+    """
+    mod = load_installed_file(*_LLAMAFACTORY_FILE)
+    lens = _check_lengths(lengths, capacity)
+    return _lengths_to_indices(lens, mod.greedy_knapsack(list(lens), capacity))
+
+
+def megatron_bridge_packing(lengths: Sequence[int], capacity: int, algorithm: str = "first_fit_shuffle",
+                            *, seed: int = 0) -> np.ndarray:
+    """Megatron-Bridge's ``create_packing_strategy`` (installed ``megatron-bridge``) on these lengths.
+
+    Bridge builds a histogram of lengths (its ``create_hist`` counts ``len(input_ids) - 1``, the
+    runtime length, case B12; here ``lengths`` are taken as those runtime lengths) and packs the
+    expanded list with ``first_fit_decreasing`` or ``first_fit_shuffle`` (Bridge's default,
+    which shuffles with NumPy's global RNG: seeded here with ``np.random.seed(seed)``, and the
+    previous global state restored afterwards).
+
+    Args:
+        lengths: sample lengths in tokens (each in ``[1, capacity]``).
+        capacity: tokens per pack (Bridge ``pack_size``).
+        algorithm: ``"first_fit_decreasing"`` or ``"first_fit_shuffle"``.
+        seed: seed of the shuffle.
+
+    Returns:
+        int64 ``[num_packs]``: the token load of every pack. Bridge's assignments hold lengths, not
+        sample indices (its ``fill_packing_strategy`` maps them back per length bucket).
+
+    Raises:
+        ReferenceUnavailable: ``megatron-bridge`` is not installed.
+        ValueError: unknown ``algorithm``, or a length outside ``[1, capacity]``.
+    """
+    if algorithm not in BRIDGE_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {BRIDGE_ALGORITHMS}, got {algorithm!r}")
+    mod = load_installed_file(*_BRIDGE_FILE)
+    lens = _check_lengths(lengths, capacity)
+    histogram = np.bincount(np.asarray(lens, dtype=np.int64), minlength=capacity + 1).tolist()
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        assignments, _meta = mod.create_packing_strategy(histogram, capacity, algorithm)
+    finally:
+        np.random.set_state(state)
+    return np.array([sum(b) for b in assignments], dtype=np.int64)
 
 
 def llamafactory_greedy_knapsack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """LLaMA-Factory's greedy knapsack packing (reference re-implementation, see module docstring).
 
+    Used when ``llamafactory`` is not installed; :func:`llamafactory_installed_greedy_knapsack` runs
+    the published function itself.
+
     Args:
-        lengths: sample lengths in tokens (each ``<= capacity``).
+        lengths: sample lengths in tokens (each in ``[1, capacity]``).
         capacity: tokens per pack (LLaMA-Factory ``cutoff_len``).
 
     Returns:
         packs as lists of indices into ``lengths`` (every index exactly once).
 
     Raises:
-        ValueError: a length is larger than ``capacity`` (LLaMA-Factory truncates before packing).
+        ValueError: a length outside ``[1, capacity]`` (LLaMA-Factory drops those before packing).
     """
-    lens = [int(x) for x in lengths]
-    if lens and max(lens) > capacity:
-        raise ValueError(f"length {max(lens)} > capacity {capacity}; truncate before packing")
-    length2indexes: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(lens):
-        length2indexes[n].append(i)
+    lens = _check_lengths(lengths, capacity)
     numbers = sorted(lens)  # ascending, for the binary search
     knapsacks: list[list[int]] = []
     while numbers:
@@ -69,7 +239,7 @@ def llamafactory_greedy_knapsack(lengths: Sequence[int], capacity: int) -> list[
             remaining -= numbers[j - 1]
             current.append(numbers.pop(j - 1))
         knapsacks.append(current)
-    return [[length2indexes[n].pop() for n in pack] for pack in knapsacks]
+    return _lengths_to_indices(lens, knapsacks)
 
 
 def trl_available() -> bool:

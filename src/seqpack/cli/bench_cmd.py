@@ -43,17 +43,20 @@ def algorithms(
     repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
     capacity: int = typer.Option(4096, min=1, help="Tokens per pack."),
     max_reference_n: int = typer.Option(1_000_000, "--max-reference-n",
-                                        help="Largest n for the O(n^2) LLaMA-Factory reference."),
+                                        help="Largest n for LLaMA-Factory's O(n^2) greedy knapsack."),
+    max_bridge_n: int = typer.Option(100_000, "--max-bridge-n",
+                                     help="Largest n for Megatron-Bridge's O(n * packs) first fit."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
     quick: bool = typer.Option(False, "--quick", help="n=20,000 and 2 repeats (seconds)."),
     out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for algorithms.json and PNGs."),
 ) -> None:
-    """seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped) and LLaMA-Factory's greedy knapsack."""
+    """seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped), LLaMA-Factory's greedy knapsack and
+    Megatron-Bridge's first fit (decreasing, shuffle)."""
     from seqpack.bench.algorithms import QUICK_SIZES, run_algorithms
 
     ns = list(QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
     run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out,
-                   max_reference_n=max_reference_n, trl=not no_trl)
+                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl)
     print(f"wrote {out / 'algorithms.json'}")
 
 
