@@ -127,6 +127,26 @@ runpy.run_path({str(REPO / "benchmarks" / "gpu" / "bench_gpu.py")!r}, run_name="
     assert res["steps"] == 2 and res["max_loss_delta"] < 1e-4
 
 
+def _padded_over_real(lengths, batches):
+    return sum(len(b) * lengths[b].max() for b in batches) / sum(lengths[b].sum() for b in batches)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_step_plan_pads_like_random_batches(seed):
+    # the padded baseline must see ordinary shuffled batches: the default step plan's padded/real ratio is
+    # within 12 % of random batches of the same size, while a length-sorting planner flatters the baseline
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(250), 1.0, 3000)), 2, 2048).astype(np.int64)
+    plan = plan_steps(lengths, 2048, algorithm=TrainConfig().algorithm, seed=seed)
+    size = int(round(np.mean([len(b) for b in plan])))
+    keep = (len(lengths) // size) * size
+    random_batches = np.mean([_padded_over_real(lengths, np.random.default_rng(k).permutation(len(lengths))[:keep]
+                                                .reshape(-1, size)) for k in range(30)])
+    assert _padded_over_real(lengths, plan) >= 0.88 * random_batches
+    sorted_plan = plan_steps(lengths, 2048, algorithm="balanced_best_fit", seed=seed)
+    assert _padded_over_real(lengths, sorted_plan) <= 0.6 * random_batches
+
+
 def test_num_threads_is_restored_after_the_run():
     import torch
 

@@ -3,8 +3,12 @@
 ``seqpack train --mode all`` (or :func:`run_training`) trains one HF causal LM per mode, all from the
 same initial weights, on **the same samples in the same order**: the step plan is a packing plan
 (``seqpack.algorithms.pack_lengths`` over the sample lengths, capacity ``seq_length``, default
-``randomized_best_fit`` so that pack content is random like an ordinary shuffled batch) and step ``k``
-of every mode holds exactly the samples of pack ``k``:
+``first_fit_shuffle`` so that pack content is random like an ordinary shuffled batch) and step ``k``
+of every mode holds exactly the samples of pack ``k``. The step plan decides how much the padded
+baseline pads: on the alpaca demo at 2048 tokens, padding each pack's samples as one batch costs
+2.35x the real tokens with ``first_fit_shuffle`` against 2.33x for random batches of the same size,
+but only 1.59x with ``randomized_best_fit`` and 1.13x with ``balanced_best_fit`` (length-sorted
+planners group similar lengths, like ``group_by_length``, and flatter the padded baseline):
 
 ``padded``
     the unpacked baseline: pack ``k``'s samples right-padded to the longest (``PaddedCollator``,
@@ -81,9 +85,10 @@ class TrainConfig:
         device, dtype: torch device string and ``"float32"`` | ``"bfloat16"``.
         lr: AdamW learning rate (weight decay 0, no dropout, so every mode follows the same maths).
         seed: weight init, pack order and streaming seed.
-        algorithm: packing algorithm of the step plan. Default ``randomized_best_fit``: packs of
-            random content, so the padded baseline sees ordinary random micro-batches (a
-            length-sorting planner would group similar lengths and flatter the padded baseline).
+        algorithm: packing algorithm of the step plan. Default ``first_fit_shuffle``: packs of
+            random content, so the padded baseline sees ordinary random micro-batches (measured
+            padded/real ratio within 3 % of random batches of the same size); a length-sorting
+            planner would group similar lengths and flatter the padded baseline (module docstring).
         warmup_steps: first steps left out of the throughput figures (still in the loss curves).
         loss_tolerance: max |loss delta| (nats, token mean) vs the padded reference.
         compact_vocab: remap token ids to the ones present (tiny configs only).
@@ -114,7 +119,7 @@ class TrainConfig:
     dtype: str = "float32"
     lr: float = 1e-3
     seed: int = 0
-    algorithm: str | None = "randomized_best_fit"
+    algorithm: str | None = "first_fit_shuffle"
     warmup_steps: int = 2
     loss_tolerance: float = 1e-3
     compact_vocab: bool = True

@@ -45,8 +45,11 @@ class PackingAlgorithm(str, Enum):
       ``greedy_knapsack``.
     * ``balanced_greedy_knapsack``: equal pack loads (LPT with lazily opened packs); O(n log n);
       Energon / NeMo-RL balanced greedy knapsack, Graham 1969 LPT.
-    * ``randomized_best_fit``: random pack content at ~BFD pack count; O(n log C); this library
-      (best fit in seeded random order, short samples last, then leveling).
+    * ``randomized_best_fit``: partly random pack content at ~BFD pack count; O(n log C); this
+      library (samples above C/16 by best fit in seeded random order, then the short ones largest
+      first, then leveling). Short samples still follow length order: padding each pack's samples
+      as one batch costs 1.59x the real tokens on the alpaca demo at C = 2048, against 2.33x for
+      random batches (``first_fit_shuffle``: 2.35x) and 1.13x for ``balanced_best_fit``.
     * ``balanced_best_fit`` (default): pack count, then equal loads; O(n log C); this library
       (BFD + "sand" leveling, FFD/MFFD/Minimum-Bin-Slack portfolio when BFD is above L2).
 

@@ -35,7 +35,9 @@ def train(
     dtype: str = typer.Option("float32", help="float32 | bfloat16."),
     lr: float = typer.Option(1e-3),
     seed: int = typer.Option(0),
-    algorithm: str = typer.Option("randomized_best_fit", help="Packing algorithm of the step plan."),
+    algorithm: str = typer.Option("first_fit_shuffle",
+                                  help="Packing algorithm of the step plan (first_fit_shuffle: packs hold random "
+                                       "samples, so the padded baseline sees ordinary random batches)."),
     warmup_steps: int = typer.Option(2, "--warmup-steps", min=0, help="Steps left out of the throughput."),
     tolerance: float = typer.Option(1e-3, help="Max |loss delta| vs padded (nats, token mean)."),
     threads: int = typer.Option(1, "--threads", min=0,
