@@ -25,8 +25,11 @@ from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
 
 import numpy as np  # noqa: E402
+
+from _argtypes import comma_choices, positive_int  # noqa: E402
 
 from seqpack.algorithms import (  # noqa: E402
     DEFAULT_ALGORITHM,
@@ -37,6 +40,8 @@ from seqpack.algorithms import (  # noqa: E402
 )
 
 C = 4096
+#: Instance names of :func:`instances`, in the order they are built and printed.
+INSTANCE_NAMES = ("lognormal", "uniform", "bimodal", "halves_thirds", "ffd_11_9")
 
 
 def lognormal(n, rng, median=250.0, sigma=1.0, cap=C):
@@ -101,19 +106,23 @@ def trl_bfd_seconds(lengths, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=1_000_000, help="items per instance (default 1,000,000)")
-    ap.add_argument("--quick", action="store_true", help="n=100,000, 1 repeat for non-default algorithms")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--algorithms", default="all", help="comma list of algorithm names, or 'all'")
-    ap.add_argument("--instances", default="all", help="comma list of instance names, or 'all'")
+    ap.add_argument("--n", type=positive_int, default=None,
+                    help="items per instance, >= 1 (default 1,000,000; 100,000 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="n=100,000 unless --n is given, 1 repeat for non-default algorithms")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="timed runs, median reported (default 3)")
+    ap.add_argument("--algorithms", type=comma_choices(a.value for a in PackingAlgorithm), default=None,
+                    help="comma list of algorithm names, or 'all' (default)")
+    ap.add_argument("--instances", type=comma_choices(INSTANCE_NAMES), default=None,
+                    help=f"comma list of {', '.join(INSTANCE_NAMES)}, or 'all' (default)")
     ap.add_argument("--no-trl", action="store_true")
     args = ap.parse_args(argv)
-    n = 100_000 if args.quick and args.n == 1_000_000 else args.n
-    algos = list(PackingAlgorithm) if args.algorithms == "all" else [
-        PackingAlgorithm(a) for a in args.algorithms.split(",")]
+    n = args.n if args.n is not None else (100_000 if args.quick else 1_000_000)
+    algos = list(PackingAlgorithm) if args.algorithms is None else [PackingAlgorithm(a) for a in args.algorithms]
     insts = instances(n)
-    if args.instances != "all":
-        insts = {k: insts[k] for k in args.instances.split(",")}
+    assert tuple(insts) == INSTANCE_NAMES
+    if args.instances is not None:
+        insts = {k: insts[k] for k in args.instances}
 
     pack_lengths(np.array([1, 2, 3]), 8, DEFAULT_ALGORITHM)  # JIT warm-up (cached on disk)
     for a in algos:

@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
+
+from _argtypes import positive_int  # noqa: E402
 
 VOCAB = 151_936
 
@@ -149,7 +152,8 @@ def bench_memory(naive_8192: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--repeats", type=positive_int, default=200,
+                    help="timed collate calls, median reported (>= 1, default 200; baselines use max(10, repeats // 10))")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--naive-8192", action="store_true", help="measure the naive loss at T=8192 (~15-20 GB)")
     a = ap.parse_args()

@@ -47,6 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
+
+from _argtypes import positive_int  # noqa: E402
 
 SEQ_LENGTH = 4096
 
@@ -225,22 +228,30 @@ def _gb(b: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records", type=int, default=1_000_000, help="records in the synthetic corpus")
-    ap.add_argument("--lengths", type=int, default=10_000_000, help="lengths through the planner")
-    ap.add_argument("--quick", action="store_true", help="10,000 records and 1M lengths (< 2 minutes)")
-    ap.add_argument("--shard-records", type=int, default=None,
+    ap.add_argument("--records", type=positive_int, default=None,
+                    help="records in the synthetic corpus, >= 1 (default 1,000,000; 10,000 with --quick)")
+    ap.add_argument("--lengths", type=positive_int, default=None,
+                    help="lengths through the planner, >= 1 (default 10,000,000; 1,000,000 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="10,000 records and 1M lengths unless --records/--lengths are given (< 2 minutes)")
+    ap.add_argument("--shard-records", type=positive_int, default=None,
                     help="records per JSONL shard (default 10,000; quick 1,250): one shard is one Ray task, "
                          "which holds its shard's samples while tokenizing")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray rows")
-    ap.add_argument("--no-growth", action="store_true", help="skip the quarter-size runs (RSS growth per record)")
-    ap.add_argument("--growth", action="store_true", help="with --quick: also run the quarter-size corpus")
+    growth = ap.add_mutually_exclusive_group()
+    growth.add_argument("--no-growth", action="store_true", help="skip the quarter-size runs (RSS growth per record)")
+    growth.add_argument("--growth", action="store_true", help="with --quick: also run the quarter-size corpus")
     ap.add_argument("--workdir", default=None, help="where the corpus and outputs go (default: a temp dir)")
-    ap.add_argument("--stage", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stage", default=None, choices=("planner", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--corpus", nargs="*", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--repeats", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=positive_int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.records is None:
+        a.records = 10_000 if a.quick else 1_000_000
+    if a.lengths is None:
+        a.lengths = 1_000_000 if a.quick else 10_000_000
 
     if a.stage:  # child process
         if a.stage == "planner":
@@ -251,12 +262,13 @@ def main() -> None:
         Path(a.result).write_text(json.dumps(res))
         return
 
-    if a.quick:
-        a.records, a.lengths = 10_000, 1_000_000
     # one input file is one Ray task, and a task holds its whole shard while tokenizing: fixed shard size
     shard_records = a.shard_records or (1_250 if a.quick else 10_000)
     if a.quick and not a.growth:
         a.no_growth = True  # keeps --quick under 2 minutes
+    if not a.no_growth and a.records < 4:
+        ap.error(f"argument --records: the growth runs pack a quarter of --records, so it must be >= 4 with "
+                 f"them, got {a.records}; add --no-growth")
     have_ray = True
     try:
         import ray  # noqa: F401

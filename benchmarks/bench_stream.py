@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
 
+from _argtypes import positive_int  # noqa: E402
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths  # noqa: E402
 from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker  # noqa: E402
 
@@ -196,11 +198,13 @@ def bench_rows(n: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, finishes in < 60 s")
-    ap.add_argument("--n", type=int, default=None, help="samples for the throughput run")
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--n", type=positive_int, default=None,
+                    help="samples for the throughput run, >= 1 (default 1,000,000; 300,000 with --quick)")
+    ap.add_argument("--repeats", type=positive_int, default=None,
+                    help="timed runs of the throughput section, median reported (>= 1, default 3; 2 with --quick)")
     args = ap.parse_args()
-    n_tp = args.n or (300_000 if args.quick else 1_000_000)
-    repeats = args.repeats or (2 if args.quick else 3)
+    n_tp = args.n if args.n is not None else (300_000 if args.quick else 1_000_000)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
     n_eff = 150_000 if args.quick else 500_000
     t0 = time.perf_counter()
     ok1 = bench_throughput(n_tp, repeats)
