@@ -140,7 +140,8 @@ def run(name: str, lengths: np.ndarray, capacity: int, dp: int, mbs: list[int], 
         if lb <= 1.0:
             lbtxt = "; cost lower bound 1 (trivial: the longest sample forces no more)"
         elif not rem:
-            lbtxt = f"; cost lower bound {lb:.4f}" + (" > 1.05: goal unreachable for these lengths" if lb > 1.05 else "")
+            lbtxt = f"; cost lower bound {lb:.4f}" + (
+                " > 1.05: goal unreachable for these lengths" if lb > 1.05 else "")
         else:
             lbtxt = f"; cost lower bound {lb:.4f} for the step holding the longest sample" + (
                 " > 1.05: goal met only if that is the remainder step" if lb > 1.05 else "")
@@ -162,7 +163,8 @@ def main() -> None:
     ap.add_argument("--samples", type=positive_int, default=None,
                     help="lognormal samples, >= 1 (default 100,000; 20,000 with --quick)")
     ap.add_argument("--repeats", type=positive_int, default=1, help="timing repeats of balance_samples (default 1)")
-    ap.add_argument("--quick", action="store_true", help="20,000 lognormal samples unless --samples is given, one repeat")
+    ap.add_argument("--quick", action="store_true",
+                    help="20,000 lognormal samples unless --samples is given, one repeat")
     a = ap.parse_args()
     n = a.samples if a.samples is not None else (20_000 if a.quick else 100_000)
     repeats = a.repeats

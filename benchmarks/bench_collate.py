@@ -153,7 +153,8 @@ def bench_memory(naive_8192: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=positive_int, default=200,
-                    help="timed collate calls, median reported (>= 1, default 200; baselines use max(10, repeats // 10))")
+                    help="timed collate calls, median reported (>= 1, default 200; "
+                         "baselines use max(10, repeats // 10))")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--naive-8192", action="store_true", help="measure the naive loss at T=8192 (~15-20 GB)")
     a = ap.parse_args()
