@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
 
 from _argtypes import positive_int  # noqa: E402
-from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths  # noqa: E402
-from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker  # noqa: E402
+
+# seqpack.stream imports torch (~1.5 s): each bench function imports what it needs, so --help and argument
+# errors answer at once
 
 
 def lognormal_mix(n: int, cap: int, seed: int = 1) -> np.ndarray:
@@ -65,6 +66,9 @@ def count_packs(packer) -> int:
 
 
 def bench_throughput(n: int, repeats: int) -> bool:
+    from seqpack.algorithms import pack_lengths
+    from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
+
     cap, buf = 4096, 10_000
     lens = lognormal_mix(n, cap)
     algo_time = [0.0]
@@ -120,6 +124,9 @@ class iter_source:
 
 
 def bench_efficiency(n: int) -> bool:
+    from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+    from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
+
     print(f"\n== 2. efficiency: packs above L1 (%), {n:,} samples per data set")
     print(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
         f"B={b:<6} window  carry  wait" for b in (100, 1000, 10_000)))
@@ -152,6 +159,8 @@ def bench_efficiency(n: int) -> bool:
 def bench_state_size() -> None:
     import torch
 
+    from seqpack.stream import StreamingPacker
+
     lens = lognormal_mix(50_000, 4096)
     p = StreamingPacker(lens, 4096, packing_buffer_size=10_000, output="indices")
     it = iter(p)
@@ -168,6 +177,7 @@ def bench_state_size() -> None:
 def bench_rows(n: int) -> None:
     """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost."""
     from seqpack.data.sample import Sample
+    from seqpack.stream import StreamingPacker
 
     cap = 4096
     lens = lognormal_mix(n, cap, seed=3)
@@ -206,6 +216,8 @@ def main() -> None:
     n_tp = args.n if args.n is not None else (300_000 if args.quick else 1_000_000)
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
     n_eff = 150_000 if args.quick else 500_000
+    import seqpack.stream  # noqa: F401 - load torch before the total clock starts (as the module-level import did)
+
     t0 = time.perf_counter()
     ok1 = bench_throughput(n_tp, repeats)
     ok2 = bench_efficiency(n_eff)
