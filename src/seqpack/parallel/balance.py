@@ -597,8 +597,14 @@ def cost_ratio_lower_bound(lengths, capacity: int, dp_size: int, micro_batches: 
     ranks of that step hold disjoint samples of at most ``micro_batches * capacity`` tokens each, so
     their total cost is at most the fractional-knapsack bound ``sum(x**2)`` over the longest remaining
     samples filling ``(dp_size - 1) * micro_batches * capacity`` tokens. Hence
-    ``max/mean >= dp * L1**2 / (L1**2 + that bound)``. A value above 1.05 proves the 1.05 goal
-    unreachable for these lengths (e.g. one 3.6k-token conversation among mostly short ones).
+    ``max/mean >= dp * L1**2 / (L1**2 + that bound)`` for *the step that holds the longest sample*.
+    That step may be the remainder step with filler slots, which
+    ``SampleBalancePlan.stats()["cost_max_over_mean_worst"]`` (worst *full* step) leaves out, so a
+    value above 1.05 proves the 1.05 goal unreachable only when the longest sample must sit in a full
+    step (no remainder step); e.g. one 3.6k-token conversation among mostly short ones. Counterexample
+    to the stronger reading: ``[19,1,3,8,1,7,2,6,6,6,3,6,8,3,7,6,3]``, capacity 32, dp 2, 1 micro-batch:
+    bound 1.2053, while ``balance_samples`` puts the 19 in the remainder step and reaches 1.016 on
+    the worst full step (2.0 on the remainder step, which the bound does cover).
 
     Args:
         lengths: int [n] sample lengths (tokens; use padded lengths to model kernel work).
