@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Padded vs packed training throughput of a ~0.5B Qwen3-like model on one NVIDIA GPU (H200 target).
+# Padded vs packed training throughput of a 0.61B-parameter Qwen3-like model (613,208,064 parameters, counted
+# from bench_gpu.py's config; see its docstring) on one NVIDIA GPU (H200 target).
 #
 #   bash benchmarks/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast, < 8 min
 #   bash benchmarks/gpu/run.sh --dry-run   # CPU: tiny config, 3 steps, fp32 sdpa (what CI runs)
 #   extra flags go to bench_gpu.py (--steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16)
+#
+# The dry run checks the script end to end and the loss goal (PASS/MISS); its speed line reads
+# "n/a on CPU dry run" (the 2x goal is for the GPU run) and gpu.json has goals.speedup_ge_2x = null.
+# --out (default $OUT, else gpu_results) is created and checked for writing before anything else runs.
 #
 # Wheels: if a folder .whl/ sits beside this script, every wheel in it is installed first with
 # `pip install --no-index --find-links .whl` (no network needed; e.g. flash-attn, a matching torch).
@@ -20,12 +25,23 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 PY="${PYTHON:-python3}"
 DRY=0
 ARGS=()
+OUT_DIR="${OUT:-gpu_results}"
+PREV=""
 for a in "$@"; do
   case "$a" in
     --dry-run) DRY=1 ;;
-    *) ARGS+=("$a") ;;
+    --out=*) OUT_DIR="${a#--out=}"; ARGS+=("$a") ;;
+    *) [ "$PREV" = "--out" ] && OUT_DIR="$a"; ARGS+=("$a") ;;
   esac
+  PREV="$a"
 done
+
+# fail before any work (wheel install, model build) when the output folder cannot be written
+if ! mkdir -p -- "$OUT_DIR" 2>/dev/null || ! PROBE="$(mktemp -p "$OUT_DIR" .run-sh-write-check-XXXXXX 2>/dev/null)"; then
+  echo "[run.sh] error: --out: cannot create or write the folder '$OUT_DIR'; pass a writable folder, e.g. --out gpu_results" >&2
+  exit 2
+fi
+rm -f -- "$PROBE"
 
 if [ "$DRY" = 0 ]; then
   if [ -d "$HERE/.whl" ] && ls "$HERE"/.whl/*.whl >/dev/null 2>&1; then
