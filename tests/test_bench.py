@@ -200,15 +200,23 @@ def test_cli_bench_algorithms_and_bad_sizes(tmp_path):
     assert bad.exit_code == 2
 
 
-def test_cli_bench_prepare_with_nothing_to_run_exits_2(tmp_path):
-    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--records", "0", "--shared-data", str(tmp_path / "none"),
-                                    "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "nothing to benchmark" in r.output
+def test_bench_prepare_with_nothing_to_run_raises(tmp_path, qwen3_tokenizer):
+    from seqpack.bench.prepare import run_prepare
+
+    notes = []
+    with pytest.raises(ValueError, match="nothing to benchmark"):
+        run_prepare(shared_data=tmp_path / "none", records=0, out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer,
+                    trl=False, log=notes.append)
+    # the default folder being absent is a printed note, not silence
+    assert any(m.startswith("note: real-data folder") and "not found" in m for m in notes)
 
 
-def test_cli_bench_stream_missing_script(tmp_path):
-    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py")])
-    assert r.exit_code == 1
+def test_cli_bench_stream_missing_script_names_the_option(tmp_path):
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py"),
+                                    "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert f"--script {tmp_path / 'nope.py'}: file not found" in r.output
+    assert "script=PATH" not in r.output and "Traceback" not in r.output
 
 
 def test_stream_wrapper_records_output_and_goals(tmp_path):
@@ -239,3 +247,202 @@ def test_bench_compare_wrapper_runs_quick(tmp_path):
                         "--no-trl", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads((tmp_path / "algorithms.json").read_text())["sizes"] == [1000]
+
+
+# --------------------------------------------------------------------------- newcomer-tester findings
+def _one_line_error(r) -> str:
+    """The single ``error: ...`` line of a failed command (no traceback)."""
+    assert "Traceback" not in r.output, r.output
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, r.output
+    return errors[0]
+
+
+def _forbid(monkeypatch, module: str, name: str) -> list:
+    """Replace ``module.name`` by a recorder: a command that reaches it did work before failing."""
+    import importlib
+
+    calls = []
+    monkeypatch.setattr(importlib.import_module(module), name, lambda *a, **k: calls.append((a, k)) or {})
+    return calls
+
+
+def test_ensure_out_dir_creates_checks_and_names_the_option(tmp_path):
+    from seqpack.bench.timing import OutputDirError, ensure_out_dir
+
+    made = ensure_out_dir(tmp_path / "a" / "b")
+    assert made.is_dir() and list(made.iterdir()) == []  # created; the write probe left nothing behind
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(OutputDirError, match=r"^--out .*file\.txt/x: cannot create this folder \(.*file\.txt is a file"):
+        ensure_out_dir(blocker / "x")
+    with pytest.raises(OutputDirError, match=r"^out_dir .*file\.txt: this is a file, not a folder"):
+        ensure_out_dir(blocker, option="out_dir")
+
+
+@pytest.mark.parametrize("command", [["algorithms", "--quick"], ["prepare", "--records", "5", "--no-trl"],
+                                     ["stream", "--quick"]])
+def test_cli_bench_unwritable_out_fails_in_one_line_before_any_work(tmp_path, monkeypatch, command):
+    calls = {c: _forbid(monkeypatch, f"seqpack.bench.{c}", f"run_{c}") for c in ("algorithms", "prepare", "stream")}
+    blocker = tmp_path / "passwd"
+    blocker.write_text("root:x:0:0\n")
+    r = CliRunner().invoke(_cli(), ["bench", *command, "--out", str(blocker / "x")])
+    assert r.exit_code == 2
+    line = _one_line_error(r)
+    assert line.startswith(f"error: --out {blocker / 'x'}: cannot create this folder") and "passwd is a file" in line
+    assert calls[command[0]] == []  # nothing measured before the error
+
+
+def test_run_functions_check_out_dir_before_work(tmp_path):
+    from seqpack.bench.algorithms import run_algorithms
+    from seqpack.bench.timing import OutputDirError
+
+    (tmp_path / "f").write_text("")
+    logged = []
+    with pytest.raises(OutputDirError, match="out_dir"):
+        run_algorithms([100], repeats=1, out_dir=tmp_path / "f" / "out", trl=False, log=logged.append)
+    assert logged == []
+
+
+def _fake_shared(root, names=("alpaca_en_demo.json", "identity.json")):
+    """A ../shared/data look-alike with tiny alpaca-format files under llama-factory/."""
+    sub = root / "llama-factory"
+    sub.mkdir(parents=True)
+    recs = [{"instruction": f"Say the number {i} in words, please.", "input": "",
+             "output": f"The number is {i}; written out it is a small number."} for i in range(3)]
+    for n in names:
+        (sub / n).write_text(json.dumps(recs))
+    return root
+
+
+def test_cli_bench_prepare_shared_data_named_must_exist(tmp_path, monkeypatch):
+    calls = _forbid(monkeypatch, "seqpack.bench.prepare", "run_prepare")
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--shared-data", str(tmp_path / "nonexistent"),
+                                    "--records", "50", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert _one_line_error(r).startswith(f"error: --shared-data {tmp_path / 'nonexistent'}: folder not found")
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--shared-data", str(tmp_path / "empty"),
+                                    "--records", "50", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    line = _one_line_error(r)
+    assert "--shared-data" in line and "none of the files" in line and "llama-factory/alpaca_en_demo.json" in line
+    assert calls == []
+
+
+def test_cli_bench_prepare_seq_length_error_names_its_own_options(tmp_path):
+    shared = _fake_shared(tmp_path / "data")
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--shared-data", str(shared), "--records", "0", "--no-trl",
+                                    "--repeats", "1", "--seq-length", "8", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    line = _one_line_error(r)
+    assert "no sample left to pack" in line and "raise --seq-length (now 8)" in line
+    assert "--format" not in line and "--overlength" not in line and "--on-error" not in line  # `seqpack pack` options
+
+
+def test_cli_bench_prepare_table_shows_whole_dataset_names(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import seqpack.bench.prepare as prep
+    from seqpack.bench.timing import print_table
+
+    buf = io.StringIO()
+    monkeypatch.setattr(prep, "print_table", lambda *a, **k: print_table(
+        *a, **{**k, "console": Console(file=buf, width=100, color_system=None)}))  # a 100-column terminal
+    names = ("alpaca_en_demo.json", "identity.json", "glaive_toolcall_en_demo.json")
+    shared = _fake_shared(tmp_path / "data", names)
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--shared-data", str(shared), "--records", "4", "--no-trl",
+                                    "--repeats", "1", "--seq-length", "512", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    table = buf.getvalue()
+    assert "…" not in table
+    rows = [ln for ln in table.splitlines() if "seqpack" in ln and ln.startswith("│")]
+    assert [ln.split("│")[1].strip() for ln in rows] == [*names, "synthetic_chat (4 records)"]
+    data = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    assert [e["dataset"] for e in data["datasets"]][:3] == [f"llama-factory/{n}" for n in names]  # JSON keeps paths
+    assert {s["dataset"] for s in data["skipped"]} == {"fastchat/dummy_conversation.json"}  # absent: listed
+    assert "note: " in r.output and "dummy_conversation.json not found: skipped" in r.output
+
+
+@pytest.mark.skipif(not ref.trl_available(), reason="trl/datasets not importable")
+def test_algorithms_marks_trl_wrapped_as_cutting_samples_in_table_and_png(tmp_path, monkeypatch):
+    import seqpack.bench.algorithms as alg
+
+    tables, charts = [], []
+    monkeypatch.setattr(alg, "print_table", lambda title, cols, rows, **k: tables.append(rows))
+    real_bar = alg.bar_chart
+    monkeypatch.setattr(alg, "bar_chart", lambda path, labels, values, **k: charts.append((path.name, labels, k))
+                        or real_bar(path, labels, values, **k))
+    alg.run_algorithms([2000], repeats=1, out_dir=tmp_path, max_reference_n=0, max_bridge_n=0, log=lambda _m: None)
+    programs = [row[0] for row in tables[0]]
+    assert "trl pack_dataset wrapped (cuts samples)" in programs and "trl pack_dataset bfd" in programs
+    assert [p for p in programs if "cuts samples" in p] == ["trl pack_dataset wrapped (cuts samples)"]
+    assert {name for name, _, _ in charts} == {"algorithms_time.png", "algorithms_bins.png"}
+    for _name, labels, kw in charts:
+        marked = [i for i, lb in enumerate(labels) if "(cuts samples)" in lb]
+        assert [labels[i].split("\n")[0] for i in marked] == ["trl pack_dataset wrapped (cuts samples)"]
+        assert [c for c in kw["colors"] if c] == [kw["colors"][marked[0]]]  # only that bar is set apart
+        assert "cuts samples" in kw["title"]
+    data = json.loads((tmp_path / "algorithms.json").read_text())
+    assert [r["program"] for r in data["results"] if r["breaks_samples"]] == ["trl pack_dataset wrapped"]
+
+
+# the format benchmarks/bench_stream.py prints (copied from a --quick run)
+_STREAM_OUTPUT = """
+== 1. throughput: 300,000 length-only samples, buffer 10,000, capacity 4096, median of 2
+  map-style numpy source :      4,562,753 samples/s  ( 219.2 ns/sample)
+  plain iterable of ints :      4,609,135 samples/s
+  share inside algorithm : 44.2 %  (packer overhead 122.3 ns/sample)
+  offline pack_lengths   :      9,127,468 samples/s  (streaming / offline time = 2.00)
+  goal >= 1,000,000 samples/s: PASS
+
+== 2. efficiency: packs above L1 (%), 150,000 samples per data set
+  mix          cap      L1  offline offl-BFD | B=100    window  carry  wait | B=1000   window  carry  wait | B=10000  window  carry  wait
+  lognormal   4096   23511    0.000    0.004 |         3.364  0.383     8 |         0.383  0.047     8 |         0.047  0.009     8
+  bimodal     8192   13270    0.000    0.000 |         5.697  2.065     7 |         0.573  0.083     8 |         0.060  0.000     8
+  (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)
+"""
+
+
+def test_parse_stream_output_reads_throughput_and_efficiency():
+    from seqpack.bench.stream import parse_stream_output
+
+    fig = parse_stream_output(_STREAM_OUTPUT)
+    assert fig["throughput"] == {"stream_numpy_source": 4_562_753.0, "stream_iterable": 4_609_135.0,
+                                 "offline_pack_lengths": 9_127_468.0}
+    lg, bi = fig["efficiency"]
+    assert (lg["mix"], lg["capacity"], lg["l1"], lg["offline_bfd_pct"]) == ("lognormal", 4096, 23511, 0.004)
+    assert [b["buffer"] for b in lg["buffers"]] == [100, 1000, 10_000]
+    assert lg["buffers"][1] == {"buffer": 1000, "window_pct": 0.383, "carry_pct": 0.047, "max_wait": 8}
+    assert bi["buffers"][2]["carry_pct"] == 0.0 and bi["buffers"][0]["max_wait"] == 7
+    assert parse_stream_output("no figures here\n") == {"throughput": {}, "efficiency": []}
+
+
+def test_cli_bench_stream_writes_json_and_png(tmp_path):
+    script = tmp_path / "fake_stream.py"
+    script.write_text(f"import sys\nsys.stdout.write({_STREAM_OUTPUT!r})\nsys.exit(3)\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(script), "--out", str(out)])
+    assert r.exit_code == 3  # the benchmark's exit code is relayed
+    for png in ("stream_efficiency.png", "stream_throughput.png"):
+        assert (out / png).stat().st_size > 5000, png
+    data = json.loads((out / "stream.json").read_text())
+    assert data["charts"] == ["stream_efficiency.png", "stream_throughput.png"] and data["charts_skipped"] == []
+    assert data["efficiency"][0]["buffers"][1]["carry_pct"] == 0.047
+    assert data["throughput"]["offline_pack_lengths"] == 9_127_468.0
+
+
+@pytest.mark.parametrize("command,full,quick", [
+    ("algorithms", "about 3 minutes on 2 cores", "--quick (20,000 lengths, 2 repeats): about 25 s"),
+    ("prepare", "Full default (100,000 synthetic chats, 1 run, plus the 4 real demo files, 3 repeats): about 10 "
+                "minutes on 2 cores", "--quick (2,000 synthetic chats, 1 repeat): about 25 s"),
+    ("stream", "about 20 s on 2 cores", "--quick (300,000 and 150,000, 2 repeats): about 10 s"),
+])
+def test_cli_bench_help_states_quick_full_duration_and_where_results_go(command, full, quick):
+    r = CliRunner().invoke(_cli(), ["bench", command, "--help"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert full in text and quick in text
+    assert "in --out (default ./bench_results)" in text

@@ -20,23 +20,23 @@ The PyPI baselines other than TRL install with
 Reported per program and size: packs (bins), the L1 bound ``ceil(sum/C)`` and the Martello-Toth L2
 bound, excess over L2 in %, utilization (tokens / (bins * C)), load spread (max - min pack load,
 tokens), median wall and CPU seconds of ``repeats`` runs, and the time ratio to seqpack's default.
-TRL ``wrapped`` cuts samples in the middle (flagged ``breaks_samples``): it is not a packing result;
-it concatenates per ``Dataset.map`` batch (1,000 rows), so each batch leaves one partial chunk and
-its count sits slightly above L1.
+TRL ``wrapped`` cuts samples in the middle (flagged ``breaks_samples`` in the JSON, shown as
+"trl pack_dataset wrapped (cuts samples)" in the table and in orange with that label in the PNGs): it is
+not a packing result; it concatenates per ``Dataset.map`` batch (1,000 rows), so each batch leaves one
+partial chunk and its count sits slightly above L1.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from seqpack.bench import references as ref
-from seqpack.bench.timing import bar_chart, print_table, timed, verdict, write_json
+from seqpack.bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
-__all__ = ["lognormal_lengths", "run_algorithms", "DEFAULT_SIZES", "CAPACITY"]
+__all__ = ["lognormal_lengths", "run_algorithms", "display_name", "DEFAULT_SIZES", "QUICK_SIZES", "CAPACITY"]
 
 CAPACITY = 4096
 DEFAULT_SIZES = (100_000, 1_000_000)
@@ -48,6 +48,16 @@ def lognormal_lengths(n: int, *, seed: int = 0, median: float = 250.0, sigma: fl
     """SFT-like lengths: int64 ``[n]`` lognormal (median ``median`` tokens), rounded, clipped to [1, capacity]."""
     rng = np.random.default_rng(seed)
     return np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 1, capacity).astype(np.int64)
+
+
+#: Suffix that marks a program that splits samples across packs (not comparable as a packing result).
+CUTS_SAMPLES = " (cuts samples)"
+
+
+def display_name(row: dict[str, Any]) -> str:
+    """Program name for tables and charts: ``row["program"]`` plus " (cuts samples)" when
+    ``row["breaks_samples"]`` (TRL ``wrapped``), so it is not read as a packer that keeps samples whole."""
+    return row["program"] + (CUTS_SAMPLES if row.get("breaks_samples") else "")
 
 
 def _row(program: str, n: int, loads: np.ndarray, timing: Any, l1: int, l2: int, capacity: int,
@@ -89,7 +99,7 @@ def run_algorithms(
         capacity: tokens per pack.
         repeats: timed runs per program (median reported); TRL at n >= 1,000,000 runs once
             (memory: ~3 GB per run) and says so in ``note``.
-        out_dir: folder for the JSON and PNG files (created).
+        out_dir: folder for the JSON and PNG files (created and checked before any work).
         max_reference_n: largest n for LLaMA-Factory's pure-Python greedy knapsack (O(n^2) worst case).
         max_bridge_n: largest n for Megatron-Bridge's pure-Python first fit (O(n * packs): about a
             minute per run at 100,000 lengths; above 20,000 lengths it runs once).
@@ -103,12 +113,13 @@ def run_algorithms(
 
     Raises:
         ValueError: empty ``sizes`` or a size < 1.
+        OutputDirError: ``out_dir`` cannot be created or written (checked first).
     """
     from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be a non-empty list of integers >= 1, got {list(sizes)!r}")
-    out_dir = Path(out_dir)
+    out_dir = ensure_out_dir(out_dir, option="out_dir")
     ours = [PackingAlgorithm(DEFAULT_ALGORITHM), PackingAlgorithm.best_fit_decreasing, PackingAlgorithm.greedy_knapsack]
     for a in ours:  # JIT warm-up (numba kernels, cached on disk)
         pack_lengths(np.array([5, 4, 3, 2, 1]), 8, a)
@@ -181,7 +192,7 @@ def run_algorithms(
         print_table(
             f"algorithms, n={n:,}, capacity={capacity}, L1={l1}, L2={l2} (median of repeats)",
             ["program", "bins", "excess % L2", "util", "spread", "wall s", "cpu s", "x seqpack time"],
-            [[r["program"], r["bins"], r["excess_vs_l2_pct"], r["utilization"], r["load_spread"], r["wall_s"],
+            [[display_name(r), r["bins"], r["excess_vs_l2_pct"], r["utilization"], r["load_spread"], r["wall_s"],
               r["cpu_s"], r["time_ratio_vs_seqpack_default"]] for r in by_prog.values()],
         )
         trl_bfd = by_prog.get("trl pack_dataset bfd")
@@ -209,11 +220,13 @@ def run_algorithms(
                "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]", "results": results,
                "skipped": skipped, "goals": goals}
     write_json(out_dir / "algorithms.json", payload)
-    labels = [f"{r['program']}\nn={r['n']:,}" for r in results]
+    labels = [f"{display_name(r)}\nn={r['n']:,}" for r in results]
+    colors = ["#dd8452" if r["breaks_samples"] else None for r in results]  # orange: not a packing result
+    cut_note = "; orange = cuts samples, not comparable" if any(r["breaks_samples"] for r in results) else ""
     bar_chart(out_dir / "algorithms_time.png", labels, [r["cpu_s"] for r in results],
-              title="Packing time (CPU s, median; log scale)", ylabel="CPU seconds", log=True,
-              annotate=[f"{r['cpu_s']:.3g}" for r in results])
+              title=f"Packing time (CPU s, median; log scale){cut_note}", ylabel="CPU seconds", log=True,
+              annotate=[f"{r['cpu_s']:.3g}" for r in results], colors=colors)
     bar_chart(out_dir / "algorithms_bins.png", labels, [r["excess_vs_l2_pct"] for r in results],
-              title="Packs above the L2 lower bound (%)", ylabel="% over L2",
-              annotate=[str(r["bins"]) for r in results])
+              title=f"Packs above the L2 lower bound (%){cut_note}", ylabel="% over L2",
+              annotate=[str(r["bins"]) for r in results], colors=colors)
     return payload

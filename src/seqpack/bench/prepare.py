@@ -25,7 +25,9 @@ Goal (issue #7): seqpack >= 2x faster end to end (wall) at equal or better packi
 
 Data sets: the text files of ``../shared/data`` that both sides can read (alpaca, sharegpt,
 sharegpt with tools), each on its own, and a synthetic OpenAI-format chat set of ``records`` records
-written by :func:`write_synthetic_chat`.
+written by :func:`write_synthetic_chat`. A missing folder or file is printed as a note and listed in
+``skipped`` (the command line refuses a ``--shared-data`` folder that does not exist or holds none of
+the files: :func:`check_shared_data`).
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from seqpack.bench.timing import bar_chart, print_table, timed, verdict, write_json
+from seqpack.bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = [
     "write_synthetic_chat",
     "real_datasets",
+    "check_shared_data",
     "trl_prepare_and_pack",
     "seqpack_prepare_and_pack",
     "run_prepare",
@@ -109,6 +112,34 @@ def real_datasets(shared_data: str | os.PathLike) -> list[Path]:
     """The files of :data:`SHARED_FILES` that exist under ``shared_data`` (``../shared/data``)."""
     root = Path(shared_data)
     return [root / f for f in SHARED_FILES if (root / f).is_file()]
+
+
+def check_shared_data(shared_data: str | os.PathLike, *, option: str = "--shared-data") -> list[Path]:
+    """Check a real-data folder the user named explicitly; return the files of it that will run.
+
+    Args:
+        shared_data: the folder (``../shared/data`` layout: ``llama-factory/...``, ``fastchat/...``).
+        option: how the caller names the setting in messages.
+
+    Returns:
+        :func:`real_datasets` of the folder (at least one file).
+
+    Raises:
+        ValueError: the folder does not exist, is a file, or holds none of :data:`SHARED_FILES`
+            (the message names ``option``, the path and the files looked for).
+    """
+    root = Path(shared_data)
+    if not root.exists():
+        raise ValueError(f"{option} {root}: folder not found; pass the folder that holds llama-factory/ and "
+                         "fastchat/ (by default ../shared/data beside the source checkout), or leave the option out")
+    if not root.is_dir():
+        raise ValueError(f"{option} {root}: this is a file, not a folder; pass the folder that holds "
+                         "llama-factory/ and fastchat/")
+    found = real_datasets(root)
+    if not found:
+        raise ValueError(f"{option} {root}: none of the files this benchmark reads is there (looked for "
+                         f"{', '.join(SHARED_FILES)}); pass the folder that holds them, or leave the option out")
+    return found
 
 
 # ------------------------------------------------------------------------------------------ TRL path
@@ -198,9 +229,16 @@ def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_di
     Returns:
         ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s"}``.
     """
-    from seqpack.pipeline import pack_dataset
+    from seqpack.pipeline import NothingToPackError, pack_dataset
 
-    res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True)
+    try:
+        res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True)
+    except NothingToPackError as exc:  # its "Fix:" names `seqpack pack` options; say what fits here
+        reason = str(exc).split(" Fix:")[0].rstrip(".")
+        raise ValueError(
+            f"{reason}. Fix: raise --seq-length (now {seq_length}): the benchmark packs with `seqpack pack`'s "
+            "defaults, so over-long records are truncated to --seq-length and only assistant tokens are "
+            "trained; a record whose assistant tokens all lie past the cut has nothing left") from None
     m = res.metadata
     return {"packs": int(m.num_packs), "tokens": int(m.counts["tokens"]),
             "trainable_tokens": int(m.counts["trainable_tokens"]), "samples": int(m.counts["samples_packed"]),
@@ -208,6 +246,12 @@ def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_di
 
 
 # ------------------------------------------------------------------------------------------ driver
+def table_name(dataset: str) -> str:
+    """Data-set name for tables and charts: the file name (``llama-factory/alpaca_en_demo.json`` ->
+    ``alpaca_en_demo.json``; the files of :data:`SHARED_FILES` have distinct names); other names as is."""
+    return dataset.rsplit("/", 1)[-1] if dataset.endswith((".json", ".jsonl")) else dataset
+
+
 def run_prepare(
     *,
     shared_data: str | os.PathLike | None = None,
@@ -223,12 +267,13 @@ def run_prepare(
     """Run the comparison and write ``prepare.json`` + ``prepare_time.png``.
 
     Args:
-        shared_data: folder of the real data (``../shared/data``); ``None`` or missing = synthetic only.
+        shared_data: folder of the real data (``../shared/data``); ``None`` = synthetic only; a missing
+            folder or file is logged as a note and listed in ``skipped``.
         records: records of the synthetic chat set (0 = none).
         seq_length: pack capacity in tokens.
         repeats: timed runs per program on the real files (median reported).
         synthetic_repeats: timed runs on the synthetic set (default: ``repeats``, but 1 from 20,000
-            records on, to keep the full run near 5 minutes on 2 cores; the JSON records it).
+            records on: the full default run then takes about 10 minutes on 2 cores; the JSON records it).
         out_dir: folder for the JSON/PNG (and a scratch folder ``_prepare_work`` removed at the end).
         tokenizer: name/path for ``load_tokenizer`` or a loaded tokenizer (used by both sides).
         trl: include TRL (skipped with a recorded reason when not importable).
@@ -240,15 +285,16 @@ def run_prepare(
         wall_s, cpu_s; plus ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack), ``goals``, ``skipped``.
 
     Raises:
-        ValueError: nothing to run (no real data and ``records == 0``) or ``repeats < 1``.
+        ValueError: nothing to run (no real data and ``records == 0``), ``repeats < 1``, or a data set
+            that seqpack packs to nothing at ``seq_length`` (message says to raise ``--seq-length``).
+        OutputDirError: ``out_dir`` cannot be created or written (checked before any work).
     """
     from seqpack.bench.references import trl_available
     from seqpack.data.tokenizer import load_tokenizer
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = ensure_out_dir(out_dir, option="out_dir")
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     work = Path(tempfile.mkdtemp(prefix="_prepare_work", dir=out_dir))
     skipped: list[dict[str, Any]] = []
@@ -256,8 +302,13 @@ def run_prepare(
         files: list[tuple[str, Path, int]] = []
         if shared_data is not None and Path(shared_data).is_dir():
             files += [(f"{p.parent.name}/{p.name}", p, repeats) for p in real_datasets(shared_data)]
-        else:
+            for f in SHARED_FILES:
+                if not (Path(shared_data) / f).is_file():
+                    skipped.append({"dataset": f, "reason": f"file not found under {shared_data}"})
+                    log(f"note: {Path(shared_data) / f} not found: skipped")
+        elif shared_data is not None:
             skipped.append({"dataset": "shared data", "reason": f"folder not found: {shared_data}"})
+            log(f"note: real-data folder {shared_data} not found: its data sets are skipped (synthetic data only)")
         if records > 0:
             syn = write_synthetic_chat(work / f"synthetic_chat_{records}.jsonl", records)
             syn_reps = synthetic_repeats or (1 if records >= 20_000 else repeats)
@@ -287,25 +338,29 @@ def run_prepare(
                     f"{sp['efficiency']:.4f} vs TRL {tr['efficiency']:.4f}; packs {sp['packs']} vs {tr['packs']}"))
             entries.append(entry)
         rows = []
-        for e in entries:
-            s, t = e["seqpack"], e.get("trl") or {}
-            rows.append([e["dataset"], s["samples"], t.get("samples"), s["tokens"], t.get("tokens"), s["packs"], t.get("packs"),
-                         s["efficiency"], t.get("efficiency"), s["wall_s"], t.get("wall_s"), e.get("speedup_wall"),
-                         e.get("speedup_cpu")])
-        print_table(f"prepare: tokenize + pack + write, seq_length={seq_length} (median of repeats)",
-                    ["dataset", "samples seqpack", "samples TRL", "tokens seqpack", "tokens TRL", "packs seqpack", "packs TRL",
-                     "eff seqpack", "eff TRL", "wall s seqpack", "wall s TRL", "speed-up wall", "speed-up CPU"],
-                    rows)
+        for e in entries:  # one row per data set and program: the table fits a terminal, names stay whole
+            short = table_name(e["dataset"])
+            for prog, key in (("seqpack", "seqpack"), ("TRL", "trl")):
+                r = e.get(key)
+                if r is None:
+                    continue
+                rows.append([short, prog, r["samples"], r["tokens"], r["packs"], r["efficiency"], r["wall_s"], r["cpu_s"],
+                             e.get("speedup_wall") if key == "seqpack" else None,
+                             e.get("speedup_cpu") if key == "seqpack" else None])
+        print_table(f"prepare: tokenize + pack + write, seq_length={seq_length} (median of repeats; "
+                    "speed-up = TRL time / seqpack time)",
+                    ["dataset", "program", "samples", "tokens", "packs", "efficiency", "wall s", "CPU s",
+                     "speed-up wall", "speed-up CPU"], rows, text_columns=2)
         payload = {"benchmark": "prepare", "seq_length": seq_length, "records": records, "repeats": repeats,
                    "tokenizer": str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
                    getattr(tok, "name_or_path", None), "datasets": entries, "goals": goals, "skipped": skipped}
         write_json(out_dir / "prepare.json", payload)
         labels, vals = [], []
         for e in entries:
-            labels.append(f"seqpack\n{e['dataset']}")
+            labels.append(f"seqpack\n{table_name(e['dataset'])}")
             vals.append(e["seqpack"]["wall_s"])
             if "trl" in e:
-                labels.append(f"TRL\n{e['dataset']}")
+                labels.append(f"TRL\n{table_name(e['dataset'])}")
                 vals.append(e["trl"]["wall_s"])
         bar_chart(out_dir / "prepare_time.png", labels, vals, title="tokenize + pack + write (wall s, median)",
                   ylabel="seconds", log=True, annotate=[f"{v:.3g}" for v in vals])

@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = [
+    "OutputDirError",
+    "ensure_out_dir",
     "Timing",
     "timed",
     "machine_info",
@@ -74,6 +77,50 @@ def timed(fn: Callable[[], Any], repeats: int = 3, *, warmup: int = 0) -> tuple[
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
     return res, Timing(statistics.median(walls), statistics.median(cpus), repeats, walls, cpus)
+
+
+class OutputDirError(ValueError):
+    """The output folder of a benchmark cannot be created or written (raised before any work)."""
+
+
+def ensure_out_dir(path: str | os.PathLike, *, option: str = "--out") -> Path:
+    """Create the output folder ``path`` (with parents) and check that a file can be written in it.
+
+    Every benchmark calls this **before** it measures anything, so a bad folder fails in one line
+    instead of a traceback after minutes of work.
+
+    Args:
+        path: the folder for the JSON and PNG files.
+        option: how the caller names the setting in messages (``"--out"`` on the command line,
+            ``"out_dir"`` from Python).
+
+    Returns:
+        ``Path(path)``, now an existing, writable folder.
+
+    Raises:
+        OutputDirError: ``path`` is a file, one of its parents is a file, or the folder cannot be
+            created or written (permissions, read-only file system); the message names ``option``,
+            the path and the fix.
+    """
+    p = Path(path)
+    fix = f"pass {option} with a folder you can write (it is created if missing)"
+    if p.exists() and not p.is_dir():
+        raise OutputDirError(f"{option} {p}: this is a file, not a folder; {fix}")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else "a part of the path is a file"
+        raise OutputDirError(f"{option} {p}: cannot create this folder ({why}); {fix}") from None
+    except OSError as exc:
+        raise OutputDirError(f"{option} {p}: cannot create this folder ({exc.strerror or exc}); {fix}") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".seqpack_write_check_", dir=p)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputDirError(f"{option} {p}: cannot write in this folder ({exc.strerror or exc}); {fix}") from None
+    return p
 
 
 def machine_info() -> dict[str, Any]:
@@ -140,14 +187,22 @@ def _pyplot():
 
 
 def bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[float], *, title: str,
-              ylabel: str, annotate: Sequence[str] | None = None, log: bool = False) -> Path:
-    """Write a PNG bar chart (one bar per label; ``annotate`` = text above each bar)."""
+              ylabel: str, annotate: Sequence[str] | None = None, log: bool = False,
+              colors: Sequence[str | None] | None = None) -> Path:
+    """Write a PNG bar chart (one bar per label; ``annotate`` = text above each bar).
+
+    Bars are blue when their label contains "seqpack", grey otherwise; ``colors`` (one matplotlib
+    colour or ``None`` per bar) overrides that per bar, e.g. to set apart a result that is not
+    comparable.
+    """
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2), 4.0))
     vals = [float(v) if v is not None else 0.0 for v in values]
-    bars = ax.bar(range(len(vals)), vals, color=["#4c72b0" if "seqpack" in str(lb) else "#999999" for lb in labels])
+    default = ["#4c72b0" if "seqpack" in str(lb) else "#999999" for lb in labels]
+    cols = [c or d for c, d in zip(colors, default)] if colors is not None else default
+    bars = ax.bar(range(len(vals)), vals, color=cols)
     ax.set_xticks(range(len(vals)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -163,27 +218,51 @@ def bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[f
 
 
 def line_chart(path: str | os.PathLike, series: dict[str, Sequence[float]], *, title: str, xlabel: str,
-               ylabel: str) -> Path:
-    """Write a PNG line chart with one line per ``series`` entry (x = 1, 2, ...)."""
+               ylabel: str, x: Sequence[float] | None = None, logx: bool = False, logy: bool = False,
+               linestyles: Sequence[str] | None = None, colors: Sequence[str] | None = None) -> Path:
+    """Write a PNG line chart with one line per ``series`` entry.
+
+    Args:
+        x: x values shared by every series (default 1, 2, ...; each series must have ``len(x)`` points).
+        logx, logy: logarithmic axes (non-positive values are not drawn on a log axis).
+        linestyles, colors: one matplotlib line style / colour per series (default: cycle through
+            ``- -- : -.`` and matplotlib's colour cycle).
+    """
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     styles = ["-", "--", ":", "-."]
     for k, (name, ys) in enumerate(series.items()):
-        ax.plot(range(1, len(ys) + 1), list(ys), styles[k % len(styles)], label=name, linewidth=1.2)
+        xs = list(x) if x is not None else list(range(1, len(ys) + 1))
+        ax.plot(xs, list(ys), linestyles[k] if linestyles else styles[k % len(styles)], label=name, linewidth=1.2,
+                marker="o" if x is not None else None, markersize=3, color=colors[k] if colors else None)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    if x is not None:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{v:,.0f}" if float(v).is_integer() else f"{v:g}" for v in x])
+        ax.minorticks_off()
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Any = None) -> None:
-    """Print a rich table (numbers right-aligned; floats shown with 4 significant digits)."""
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Any = None, *,
+                text_columns: int = 1) -> None:
+    """Print a rich table (numbers right-aligned; floats shown with 4 significant digits).
+
+    No cell is cut to ``…``: every column folds onto further lines when the console is narrow, and
+    the first column (the names) keeps at least the width of its longest cell (up to 44 characters).
+    The first ``text_columns`` columns are left-aligned, the others right-aligned.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -192,10 +271,13 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         if not console.is_terminal:  # logs and CI: keep wide tables readable
             console = Console(width=max(console.width, 180))
     t = Table(title=title, title_justify="left")
-    for c in columns:
-        t.add_column(str(c), justify="left" if c == columns[0] else "right")
-    for r in rows:
-        t.add_row(*[_fmt(v) for v in r])
+    cells = [[_fmt(v) for v in r] for r in rows]
+    first = min(44, max([len(str(columns[0]))] + [len(r[0]) for r in cells if r]))
+    for k, c in enumerate(columns):
+        t.add_column(str(c), justify="left" if k < text_columns else "right", overflow="fold",
+                     min_width=first if k == 0 else None)
+    for r in cells:
+        t.add_row(*r)
     console.print(t)
 
 

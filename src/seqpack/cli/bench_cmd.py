@@ -1,7 +1,8 @@
 """`seqpack bench algorithms | prepare | stream`: measured comparisons (OWNER: bench helper).
 
-Each command prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts into
-``--out`` (default ``bench_results/``). Bad settings exit with code 2 and one readable line.
+Each command checks ``--out`` first (created if missing; default ``./bench_results``), prints its tables
+and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there. Bad settings exit with code 2 and
+one readable line naming the option, before any work.
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from seqpack.cli.app import app, fail as _fail
 
-bench_app = typer.Typer(help="Measured comparisons with existing packers (JSON + PNG into --out).",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Measured comparisons with existing packers. Each command writes <name>.json and PNG charts into "
+         "--out (default ./bench_results, created if missing); --quick runs a small version (see each --help).",
+    no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-
-from seqpack.cli.app import err_console as _err  # noqa: E402
-
-
 
 
 def _repo_root() -> Path:
@@ -37,7 +35,46 @@ def _int_list(text: str, key: str) -> list[int]:
     return vals
 
 
-@bench_app.command("algorithms")
+def _out_dir(out: Path) -> Path:
+    """Create and check ``--out`` before any work (one-line error naming --out otherwise)."""
+    from seqpack.bench.timing import OutputDirError, ensure_out_dir
+
+    try:
+        return ensure_out_dir(out, option="--out")
+    except OutputDirError as exc:
+        _fail(str(exc), 2)
+
+
+_ALGORITHMS_HELP = (
+    "seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped), LLaMA-Factory's greedy knapsack and "
+    "Megatron-Bridge's first fit (decreasing, shuffle), on the same lognormal SFT lengths.\n\n"
+    "Full default (100,000 and 1,000,000 lengths, 3 repeats; Megatron-Bridge only at 100,000): about 3 minutes "
+    "on 2 cores, most of it Megatron-Bridge's pure-Python first fit. --quick (20,000 lengths, 2 repeats): about "
+    "25 s.\n\n"
+    "Results: algorithms.json, algorithms_time.png and algorithms_bins.png in --out (default ./bench_results). "
+    "TRL wrapped cuts samples: it is marked \"(cuts samples)\" in the table and charts and is not a packing "
+    "result."
+)
+
+_PREPARE_HELP = (
+    "Tokenize + pack + write: seqpack pack_dataset vs TRL's SFT preparation + pack_dataset(bfd), on the real "
+    "demo files (../shared/data) and a synthetic chat set.\n\n"
+    "Full default (100,000 synthetic chats, 1 run, plus the 4 real demo files, 3 repeats): about 10 minutes on "
+    "2 cores, TRL about 6 of them. --quick (2,000 synthetic chats, 1 repeat): about 25 s.\n\n"
+    "Results: prepare.json and prepare_time.png in --out (default ./bench_results)."
+)
+
+_STREAM_HELP = (
+    "Run the streaming-packer benchmark (benchmarks/bench_stream.py), relay its output and exit code, save "
+    "stream.json and chart it.\n\n"
+    "Full default (1,000,000 lengths for throughput, 3 repeats; 500,000 per efficiency set): about 20 s on 2 "
+    "cores. --quick (300,000 and 150,000, 2 repeats): about 10 s.\n\n"
+    "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
+    "stream_throughput.png in --out (default ./bench_results)."
+)
+
+
+@bench_app.command("algorithms", help=_ALGORITHMS_HELP)
 def algorithms(
     sizes: str = typer.Option("100000,1000000", help="Numbers of lengths, comma separated."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
@@ -47,58 +84,83 @@ def algorithms(
     max_bridge_n: int = typer.Option(100_000, "--max-bridge-n",
                                      help="Largest n for Megatron-Bridge's O(n * packs) first fit."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
-    quick: bool = typer.Option(False, "--quick", help="n=20,000 and 2 repeats (seconds)."),
-    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for algorithms.json and PNGs."),
+    quick: bool = typer.Option(False, "--quick",
+                               help="20,000 lengths, at most 2 repeats, every program (replaces --sizes): "
+                                    "about 25 s on 2 cores."),
+    out: Path = typer.Option(Path("bench_results"), "--out",
+                             help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
+                                  "(created if missing)."),
 ) -> None:
-    """seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped), LLaMA-Factory's greedy knapsack and
-    Megatron-Bridge's first fit (decreasing, shuffle)."""
+    """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack.bench.algorithms.run_algorithms`."""
     from seqpack.bench.algorithms import QUICK_SIZES, run_algorithms
 
     ns = list(QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    out = _out_dir(out)
     run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out,
                    max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl)
-    print(f"wrote {out / 'algorithms.json'}")
+    print(f"wrote {out / 'algorithms.json'}, {out / 'algorithms_time.png'}, {out / 'algorithms_bins.png'}")
 
 
-@bench_app.command("prepare")
+@bench_app.command("prepare", help=_PREPARE_HELP)
 def prepare(
     records: int = typer.Option(100_000, min=0, help="Records of the synthetic chat set (0 = none)."),
-    shared_data: Optional[Path] = typer.Option(None, "--shared-data",
-                                               help="Real data folder (default ../shared/data beside the checkout)."),
+    shared_data: Optional[Path] = typer.Option(
+        None, "--shared-data",
+        help="Real data folder (must exist and hold llama-factory/ or fastchat/ files). Default: ../shared/data "
+             "beside the checkout, skipped with a note when absent."),
     seq_length: int = typer.Option(4096, "--seq-length", min=1, help="Pack capacity in tokens."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per program on the real files (median)."),
     synthetic_repeats: Optional[int] = typer.Option(None, "--synthetic-repeats", min=1,
                                                     help="Timed runs on the synthetic set (default --repeats; 1 from 20,000 records)."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
-    quick: bool = typer.Option(False, "--quick", help="2,000 synthetic records, 1 repeat."),
-    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for prepare.json and PNG."),
+    quick: bool = typer.Option(False, "--quick",
+                               help="2,000 synthetic records (unless --records is given) plus the real files, "
+                                    "1 repeat: about 25 s on 2 cores."),
+    out: Path = typer.Option(Path("bench_results"), "--out",
+                             help="Folder for prepare.json and prepare_time.png (created if missing)."),
 ) -> None:
-    """Tokenize + pack + write: seqpack pack_dataset vs TRL's SFT preparation + pack_dataset(bfd)."""
-    from seqpack.bench.prepare import run_prepare
+    """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack.bench.prepare.run_prepare`."""
+    from seqpack.bench.prepare import check_shared_data, run_prepare
 
-    if shared_data is None:
+    if shared_data is not None:  # named explicitly: it must be there
+        try:
+            check_shared_data(shared_data, option="--shared-data")
+        except ValueError as exc:
+            _fail(str(exc), 2)
+    else:
         shared_data = _repo_root().parent / "shared" / "data"
     if quick:
         records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
+    out = _out_dir(out)
     try:
         run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
                     synthetic_repeats=synthetic_repeats, out_dir=out, trl=not no_trl)
     except ValueError as exc:  # nothing to run / bad settings
         _fail(str(exc), 2)
-    print(f"wrote {out / 'prepare.json'}")
+    print(f"wrote {out / 'prepare.json'}, {out / 'prepare_time.png'}")
 
 
-@bench_app.command("stream")
+@bench_app.command("stream", help=_STREAM_HELP)
 def stream(
-    quick: bool = typer.Option(False, "--quick", help="Pass --quick to benchmarks/bench_stream.py."),
-    script: Optional[Path] = typer.Option(None, help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
-    out: Path = typer.Option(Path("bench_results"), "--out", help="Folder for stream.json."),
+    quick: bool = typer.Option(False, "--quick",
+                               help="Pass --quick to bench_stream.py (300,000 lengths for throughput, 150,000 per "
+                                    "efficiency set, 2 repeats): about 10 s on 2 cores."),
+    script: Optional[Path] = typer.Option(None, "--script",
+                                          help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
+    out: Path = typer.Option(Path("bench_results"), "--out",
+                             help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
+                                  "(created if missing)."),
 ) -> None:
-    """Run the streaming-packer benchmark (benchmarks/bench_stream.py), save stream.json, relay its exit code."""
-    from seqpack.bench.stream import run_stream
+    """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack.bench.stream.run_stream`."""
+    from seqpack.bench.stream import default_script, run_stream
 
-    try:
-        res = run_stream(quick=quick, script=script, out_dir=out)
-    except FileNotFoundError as exc:
-        _fail(str(exc), 1)
+    if script is not None and not script.is_file():
+        _fail(f"--script {script}: file not found; pass --script PATH of bench_stream.py, or leave it out to run "
+              f"{default_script()}", 2)
+    if script is None and not default_script().is_file():
+        _fail(f"streaming benchmark not found at {default_script()} (it ships in the source tree, not in the wheel); "
+              "run from a source checkout or pass --script PATH", 2)
+    out = _out_dir(out)
+    res = run_stream(quick=quick, script=script, out_dir=out)
+    print("wrote " + ", ".join(str(out / n) for n in ["stream.json", *res["charts"]]))
     raise typer.Exit(res["returncode"])
