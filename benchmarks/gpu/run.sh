@@ -4,11 +4,14 @@
 #
 #   bash benchmarks/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast, < 8 min
 #   bash benchmarks/gpu/run.sh --dry-run   # CPU: tiny config, 3 steps, fp32 sdpa (what CI runs)
-#   extra flags go to bench_gpu.py (--steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16)
+#   extra flags go to bench_gpu.py (--steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16);
+#   --attn applies to the GPU run only: the dry run always uses sdpa (bench_gpu.py prints a note and
+#   records the requested value as attn_requested in gpu.json)
 #
 # The dry run checks the script end to end and the loss goal (PASS/MISS); its speed line reads
 # "n/a on CPU dry run" (the 2x goal is for the GPU run) and gpu.json has goals.speedup_ge_2x = null.
 # --out (default $OUT, else gpu_results) is created and checked for writing before anything else runs.
+# Written there (each printed as "wrote <path>"): gpu.json, train.json, train_loss.png, train_throughput.png.
 #
 # Wheels: if a folder .whl/ sits beside this script, every wheel in it is installed first with
 # `pip install --no-index --find-links .whl` (no network needed; e.g. flash-attn, a matching torch).

@@ -54,7 +54,9 @@ towers (use ``seqpack pack`` and your VLM trainer for that). When the data gives
 
 Model: ``"tiny-qwen3"`` (default) or ``"tiny-llama"`` build a small random-init config in code
 (:func:`tiny_config`); any other string is a local folder for ``AutoModelForCausalLM.from_pretrained``
-(no download). With a tiny config the vocabulary is *compacted* to the token ids that occur in the
+(no download), checked before any data is read (:func:`check_runtime`): it must hold ``config.json`` and
+weights (``model.safetensors``, ``pytorch_model.bin`` or a ``*.index.json`` shard index), and its
+tokenizer files unless a tokenizer is given (:func:`load_train_tokenizer`). With a tiny config the vocabulary is *compacted* to the token ids that occur in the
 data (``compact_vocab``), so the LM head does not dominate a CPU run; the remapping is a bijection on
 the used ids, so losses are ordinary cross entropies over that vocabulary.
 """
@@ -63,10 +65,12 @@ from __future__ import annotations
 
 import copy
 import glob as _glob
+import math
 import os
+import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -82,6 +86,7 @@ __all__ = [
     "synthetic_samples",
     "default_data",
     "resolve_tokenizer",
+    "load_train_tokenizer",
     "expand_data_paths",
     "prepare_data",
     "summarize_prepare_report",
@@ -89,6 +94,9 @@ __all__ = [
     "check_runtime",
     "CLI_OPTION_NAMES",
     "MIN_TIMED_STEPS",
+    "MAX_SEQ_LENGTH",
+    "WEIGHT_FILES",
+    "one_line",
     "run_training",
 ]
 
@@ -96,10 +104,17 @@ MODES = ("padded", "packed", "in_batch", "streaming")
 TINY_MODELS = ("tiny-qwen3", "tiny-llama")
 #: fewest timed steps (after ``warmup_steps``) for a speed verdict; with fewer the verdict is "n/a".
 MIN_TIMED_STEPS = 3
+#: largest ``seq_length``: the step plan packs at ``pad_to_multiple_of=1``, and ``seqpack.algorithms``
+#: accepts at most ``MAX_CAPACITY_UNITS`` (2**24) capacity units (its kernels keep O(capacity) tables).
+MAX_SEQ_LENGTH = 1 << 24
+#: weight files ``from_pretrained`` loads from a local folder (transformers' SAFE_WEIGHTS_NAME, WEIGHTS_NAME);
+#: a sharded checkpoint has a ``*.index.json`` shard index instead (model.safetensors.index.json, ...).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 #: how ``seqpack train`` names the :class:`TrainConfig` fields in messages (``option_names=`` of the checks).
 CLI_OPTION_NAMES = {
     "modes": "--mode", "steps": "--steps", "seq_length": "--seq-length", "model": "--model",
     "hidden_size": "--hidden-size", "num_layers": "--num-layers", "intermediate_size": "--intermediate-size",
+    "num_heads": "--num-heads", "num_kv_heads": "--num-kv-heads",
     "attn_implementation": "--attn", "device": "--device", "dtype": "--dtype", "lr": "--lr", "seed": "--seed",
     "algorithm": "--algorithm", "warmup_steps": "--warmup-steps", "loss_tolerance": "--tolerance",
     "num_threads": "--threads", "out_dir": "--out", "tokenizer": "--tokenizer", "data": "--data",
@@ -112,12 +127,37 @@ def _namer(option_names: dict[str, str] | None) -> Callable[[str], str]:
     return lambda f: names.get(f, f)
 
 
+def _settable(option_names: dict[str, str] | None, field_: str) -> bool:
+    """Whether the user can set ``field_``: always from Python (``option_names`` None), else only when the
+    caller (a command line) names an option for it; a fix must not advise an option that does not exist."""
+    return option_names is None or field_ in option_names
+
+
+def _timed_steps_fix(option_names: dict[str, str] | None) -> str:
+    """How to get more timed steps, naming only options the caller has."""
+    n = _namer(option_names)
+    lower = f" or lower {n('warmup_steps')}" if _settable(option_names, "warmup_steps") else ""
+    return f"raise {n('steps')}{lower}"
+
+
+def one_line(text: object) -> str:
+    """``str(text)`` with every line break (and the blanks around it) replaced by one space.
+
+    Library messages (transformers, huggingface_hub) often span several lines; a command-line error
+    must stay one line (``error: ...``), so the CLI and the GPU benchmark pass every message through this.
+    """
+    text = re.sub(r"\s*[\r\n]+\s*", " ", str(text)).strip()
+    return re.sub(r"(?<!\.)\.\.(?=\s|$)", ".", text)  # "reason.. Fix" (a message ending in "." + ". Fix")
+
+
 @dataclass
 class TrainConfig:
     """Settings of :func:`run_training`.
 
-    Every numeric field is checked when the config is built (and again by :func:`run_training`):
-    :meth:`validate` raises ``ValueError`` naming the field.
+    Every field is checked when the config is built (and again by :func:`run_training`):
+    :meth:`validate` raises ``ValueError`` naming the field, or the option of ``option_names`` (an
+    init-only argument, not stored: ``TrainConfig(..., option_names=CLI_OPTION_NAMES)`` makes the
+    messages name ``seqpack train``'s options, e.g. ``--lr`` instead of ``lr``).
 
     Attributes:
         modes: non-empty subset of :data:`MODES`. ``padded`` is added as the reference when ``packed``
@@ -125,20 +165,28 @@ class TrainConfig:
             (the streaming packs' samples, padded), so ``modes=("streaming",)`` trains only those two.
         steps: optimizer steps per mode (``None`` = one epoch of packs, else >= 1); one step = one
             pack's samples. Fewer are run (and logged) when the data gives fewer packs.
-        seq_length: pack capacity in tokens (>= 2; the step size in tokens for packed modes).
+        seq_length: pack capacity in tokens (2 .. :data:`MAX_SEQ_LENGTH`; the step size in tokens for
+            packed modes).
         model: ``"tiny-qwen3"`` | ``"tiny-llama"`` | a local model folder.
-        hidden_size, num_layers, intermediate_size, num_heads, num_kv_heads: tiny-config sizes.
-        attn_implementation: ``"sdpa"`` (CPU default), ``"eager"``, ``"flash_attention_2"`` (GPU).
+        hidden_size, num_layers, intermediate_size, num_heads, num_kv_heads: tiny-config sizes (ignored
+            for a local model folder). With a tiny model ``hidden_size`` must be a multiple of
+            ``num_heads`` with an even quotient (``head_dim``; rotary embeddings rotate pairs), and
+            ``num_heads`` a multiple of ``num_kv_heads`` (grouped-query attention).
+        attn_implementation: one of ``seqpack.collate.HF_ATTN``: ``"sdpa"`` (default, CPU and GPU),
+            ``"eager"``, ``"flex_attention"`` (CUDA: no backward on CPU), ``"flash_attention_2"`` /
+            ``"flash_attention_3"`` (CUDA + flash-attn); checked against the machine by :func:`check_runtime`.
         device, dtype: torch device string and ``"float32"`` | ``"bfloat16"``.
-        lr: AdamW learning rate (weight decay 0, no dropout, so every mode follows the same maths).
+        lr: AdamW learning rate (finite, > 0; weight decay 0, no dropout, so every mode follows the same maths).
         seed: weight init, pack order and streaming seed.
-        algorithm: packing algorithm of the step plan. Default ``first_fit_shuffle``: packs of
+        algorithm: packing algorithm of the step plan (a ``seqpack.algorithms.PackingAlgorithm`` name,
+            ``None`` = the library default). Default ``first_fit_shuffle``: packs of
             random content, so the padded baseline sees ordinary random micro-batches (measured
             padded/real ratio within 3 % of random batches of the same size); a length-sorting
             planner would group similar lengths and flatter the padded baseline (module docstring).
         warmup_steps: first steps left out of the throughput figures (>= 0; still in the loss curves).
             At most ``steps - 1`` are left out (logged when that clamps).
-        loss_tolerance: max |loss delta| (nats, token mean, >= 0) vs the padded reference.
+        loss_tolerance: max |loss delta| (nats, token mean, finite, >= 0) vs the padded reference
+            (``inf`` would switch the correctness check off, so it is refused).
         compact_vocab: remap token ids to the ones present (tiny configs only).
         packing_buffer_size: streaming packer buffer.
         autocast_dtype: ``"bfloat16"`` = mixed precision (``torch.autocast``) over ``dtype`` weights
@@ -179,9 +227,10 @@ class TrainConfig:
     tokenizer: str | None = None
     out_dir: str | None = "bench_results"
     progress: bool = True
+    option_names: InitVar[dict[str, str] | None] = None
 
-    def __post_init__(self) -> None:
-        self.validate()
+    def __post_init__(self, option_names: dict[str, str] | None = None) -> None:
+        self.validate(option_names)
 
     def validate(self, option_names: dict[str, str] | None = None) -> None:
         """Check the values (not the machine: see :func:`check_runtime`).
@@ -192,9 +241,13 @@ class TrainConfig:
 
         Raises:
             ValueError: names the field, the value and the allowed range: empty or unknown ``modes``,
-                ``steps`` not None and < 1, ``seq_length`` < 2, ``warmup_steps`` < 0, ``loss_tolerance``
-                < 0 or NaN, ``lr`` <= 0, sizes < 1, unknown ``dtype`` / ``autocast_dtype``, ``max_samples``
-                < 1, ``packing_buffer_size`` < 1, ``num_threads`` < 0.
+                ``steps`` not None and < 1, ``seq_length`` outside 2 .. :data:`MAX_SEQ_LENGTH`,
+                ``warmup_steps`` < 0, ``loss_tolerance`` < 0, NaN or infinite, ``lr`` <= 0, NaN or infinite,
+                sizes < 1, a tiny-model shape the model cannot build (``hidden_size`` not a multiple of
+                ``num_heads``, odd ``head_dim``, ``num_heads`` not a multiple of ``num_kv_heads``; the
+                message gives values that work), unknown ``algorithm`` (lists the choices), unknown
+                ``dtype`` / ``autocast_dtype``, ``max_samples`` < 1, ``packing_buffer_size`` < 1,
+                ``num_threads`` < 0.
         """
         n = _namer(option_names)
         if isinstance(self.modes, str):
@@ -215,19 +268,59 @@ class TrainConfig:
 
         need("steps", self.steps is None or (is_int(self.steps) and self.steps >= 1), "None or an integer >= 1")
         need("seq_length", is_int(self.seq_length) and self.seq_length >= 2, "an integer >= 2")
+        if self.seq_length > MAX_SEQ_LENGTH:
+            raise ValueError(f"{n('seq_length')} must be <= {MAX_SEQ_LENGTH} (the step plan's packing kernels keep "
+                             f"tables of {n('seq_length')} entries), got {self.seq_length}. "
+                             f"Fix: {n('seq_length')} {MAX_SEQ_LENGTH} or less")
         need("warmup_steps", is_int(self.warmup_steps) and self.warmup_steps >= 0, "an integer >= 0")
-        need("loss_tolerance", isinstance(self.loss_tolerance, (int, float)) and self.loss_tolerance >= 0,
-             "a number >= 0 (nats)")
-        need("lr", isinstance(self.lr, (int, float)) and self.lr > 0, "a number > 0")
+
+        def is_finite(v: Any) -> bool:
+            return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and \
+                math.isfinite(v)
+
+        need("loss_tolerance", is_finite(self.loss_tolerance) and self.loss_tolerance >= 0,
+             "a finite number >= 0 (nats; inf would switch the loss-agreement check off)")
+        need("lr", is_finite(self.lr) and self.lr > 0, "a finite number > 0")
         for f in ("hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads",
                   "packing_buffer_size"):
             need(f, is_int(getattr(self, f)) and getattr(self, f) >= 1, "an integer >= 1")
+        if self.model in TINY_MODELS:
+            self._validate_shape(n)
+        from seqpack.algorithms import PackingAlgorithm
+
+        choices = [a.value for a in PackingAlgorithm]
+        if self.algorithm is not None and self.algorithm not in choices:
+            raise ValueError(f"{n('algorithm')}: unknown packing algorithm {self.algorithm!r}; choose one of: "
+                             f"{', '.join(choices)}")
         need("max_samples", self.max_samples is None or (is_int(self.max_samples) and self.max_samples >= 1),
              "None or an integer >= 1")
         need("num_threads", self.num_threads is None or (is_int(self.num_threads) and self.num_threads >= 0),
              "None or an integer >= 0 (0 = torch's default)")
         need("dtype", self.dtype in ("float32", "bfloat16"), "'float32' or 'bfloat16'")
         need("autocast_dtype", self.autocast_dtype in (None, "bfloat16", "float16"), "None, 'bfloat16' or 'float16'")
+
+    def _validate_shape(self, n: Callable[[str], str]) -> None:
+        """The tiny model's attention shape (what ``tiny_config`` / transformers would refuse later)."""
+        hidden, heads, kv = self.hidden_size, self.num_heads, self.num_kv_heads
+        hs, nh, nkv = n("hidden_size"), n("num_heads"), n("num_kv_heads")
+
+        def near(step: int, around: int) -> str:  # multiples of `step` around `around`
+            lo = max(step, (around // step) * step)
+            return f"{lo} or {lo + step}" if lo != around else str(lo)
+
+        if hidden % heads or (hidden // heads) % 2:
+            good_heads = [h for h in range(1, min(hidden, 64) + 1)
+                          if hidden % h == 0 and (hidden // h) % 2 == 0 and h % kv == 0]
+            why = ("is not a multiple of" if hidden % heads else
+                   f"gives an odd head size {hidden // heads} (rotary embeddings need an even one) with")
+            raise ValueError(
+                f"{hs} {hidden} {why} {nh} {heads} (head size = {hs} / {nh}). Fix: {hs} {near(2 * heads, hidden)}"
+                + (f", or {nh} {', '.join(map(str, good_heads[-4:]))}" if good_heads else ""))
+        if heads % kv:
+            divisors = [k for k in range(1, heads + 1) if heads % k == 0]
+            raise ValueError(f"{nh} {heads} is not a multiple of {nkv} {kv} (grouped-query attention shares each "
+                             f"key/value head among {nh} / {nkv} query heads). Fix: {nkv} one of "
+                             f"{', '.join(map(str, divisors))}")
 
 
 def tiny_config(family: str = "qwen3", *, vocab_size: int, hidden_size: int = 256, num_layers: int = 2,
@@ -358,16 +451,39 @@ def default_data() -> Path:
 
 # ------------------------------------------------------------------------------------------ checks
 def _check_model(cfg: TrainConfig, n: Callable[[str], str]) -> None:
-    if cfg.model not in TINY_MODELS and not Path(cfg.model).is_dir():
+    """A tiny name, or a folder holding ``config.json`` (readable by ``AutoConfig``) and weights:
+    one of :data:`WEIGHT_FILES` or a ``*.index.json`` shard index (what ``from_pretrained`` loads)."""
+    if cfg.model in TINY_MODELS:
+        return
+    folder = Path(cfg.model)
+    if not folder.is_dir():
         raise FileNotFoundError(
             f"{n('model')}: {cfg.model} is neither {'/'.join(TINY_MODELS)} nor an existing local model folder. "
             "Fix: pass one of those names, or a folder with config.json + weights (no download at run time)")
+    missing = []
+    if not (folder / "config.json").is_file():
+        missing.append("config.json")
+    if not any((folder / w).is_file() for w in WEIGHT_FILES) and not any(folder.glob("*.index.json")):
+        missing.append(f"weights ({', '.join(WEIGHT_FILES)} or a *.index.json shard index)")
+    if missing:
+        raise FileNotFoundError(
+            f"{n('model')}: the folder {cfg.model} has no {' and no '.join(missing)}. Fix: pass a folder saved by "
+            f"model.save_pretrained(...) (config.json + weights + tokenizer files), or {n('model')} tiny-qwen3")
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any config problem is the folder's, said in one line
+        raise ValueError(f"{n('model')}: {folder / 'config.json'} cannot be read by transformers "
+                         f"({type(exc).__name__}: {one_line(exc)}). Fix: pass a folder saved by "
+                         "model.save_pretrained(...) with this transformers version") from None
 
 
 def check_runtime(cfg: TrainConfig, *, option_names: dict[str, str] | None = None) -> None:
     """Check that this machine can run ``cfg`` before any data is read or model built.
 
-    Checks ``model`` (a tiny name or an existing folder), ``device`` (a valid torch device; ``cuda``
+    Checks ``model`` (a tiny name, or a folder with ``config.json`` that transformers reads and weights:
+    ``model.safetensors``, ``pytorch_model.bin`` or a ``*.index.json`` shard index), ``device`` (a valid torch device; ``cuda``
     needs a CUDA build of torch and a visible device, ``cuda:N`` needs N < device count, ``mps`` an MPS
     backend) and ``attn_implementation`` (one of ``seqpack.collate.HF_ATTN``; ``flash_attention_2`` /
     ``_3`` need a CUDA device and an importable ``flash_attn`` / ``flash_attn_interface``;
@@ -378,9 +494,10 @@ def check_runtime(cfg: TrainConfig, *, option_names: dict[str, str] | None = Non
         option_names: how to name fields in messages (``seqpack train`` passes :data:`CLI_OPTION_NAMES`).
 
     Raises:
-        FileNotFoundError: ``model`` is neither a tiny name nor an existing folder.
-        ValueError: a device or attention implementation this machine cannot run (names the field and
-            the fix).
+        FileNotFoundError: ``model`` is neither a tiny name nor an existing folder, or the folder lacks
+            ``config.json`` or weights (one line naming what is missing).
+        ValueError: ``config.json`` that transformers cannot read; a device or attention implementation
+            this machine cannot run (names the field and the fix).
     """
     import torch
 
@@ -389,7 +506,7 @@ def check_runtime(cfg: TrainConfig, *, option_names: dict[str, str] | None = Non
     try:
         dev = torch.device(cfg.device)
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise ValueError(f"{n('device')}: {cfg.device!r} is not a torch device ({exc}). "
+        raise ValueError(f"{n('device')}: {cfg.device!r} is not a torch device ({one_line(exc)}). "
                          f"Fix: {n('device')} cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
@@ -419,7 +536,7 @@ def check_runtime(cfg: TrainConfig, *, option_names: dict[str, str] | None = Non
             __import__(pkg)
         except Exception as exc:  # noqa: BLE001 - ImportError or a broken build (undefined symbol)
             raise ValueError(f"{n('attn_implementation')} {attn} needs the {pkg} package, which does not import "
-                             f"here ({type(exc).__name__}: {exc}). Fix: {n('attn_implementation')} sdpa, or install "
+                             f"here ({type(exc).__name__}: {one_line(exc)}). Fix: {n('attn_implementation')} sdpa, or install "
                              "a flash-attn build matching this torch and CUDA") from None
     if attn == "flex_attention" and dev.type == "cpu":
         raise ValueError(f"{n('attn_implementation')} flex_attention has no backward pass on CPU. "
@@ -458,7 +575,8 @@ def expand_data_paths(data: Sequence[str | os.PathLike], *, option_names: dict[s
     sorted, folders refused, missing files refused.
 
     Raises:
-        FileNotFoundError: a file does not exist, or a glob matches no file (names the field and the argument).
+        FileNotFoundError: a file does not exist, or a glob matches no file, or only folders (names the
+            field and the argument).
         ValueError: a folder was given (say which glob to use instead).
     """
     n = _namer(option_names)
@@ -466,7 +584,14 @@ def expand_data_paths(data: Sequence[str | os.PathLike], *, option_names: dict[s
     for item in data:
         s = os.fspath(item)
         if any(ch in s for ch in "*?["):
-            files = [Path(m) for m in sorted(_glob.glob(s, recursive=True)) if Path(m).is_file()]
+            matches = sorted(_glob.glob(s, recursive=True))
+            files = [Path(m) for m in matches if Path(m).is_file()]
+            if not files and matches:
+                shown = ", ".join(matches[:3]) + (f" and {len(matches) - 3} more" if len(matches) > 3 else "")
+                base = s.rstrip("/")
+                raise FileNotFoundError(f"{n('data')}: the glob {s!r} matched only folders ({shown}), no file. "
+                                        f"Fix: a pattern that reaches the files, e.g. '{base}/*.jsonl' or "
+                                        f"'{base.rsplit('/', 1)[0] if '/' in base else '.'}/**/*.jsonl'")
             if not files:
                 raise FileNotFoundError(f"{n('data')}: the glob {s!r} matches no file (cwd = {os.getcwd()}). "
                                         "Fix: check the pattern; quote it so the shell does not expand it")
@@ -491,13 +616,48 @@ def summarize_prepare_report(report: Any) -> str:
     return line
 
 
+def load_train_tokenizer(cfg: TrainConfig, *, option_names: dict[str, str] | None = None) -> Any:
+    """Load the tokenizer of :func:`resolve_tokenizer` (a preflight check: ``seqpack train`` calls it
+    before any data is read, so a bad ``--tokenizer`` is an option error, not a data error).
+
+    Returns:
+        a ``transformers`` tokenizer (``seqpack.data.load_tokenizer``: with a chat template).
+
+    Raises:
+        ValueError: one line naming ``tokenizer`` (or ``model`` when the tokenizer comes from the model
+            folder), the library's reason (line breaks collapsed) and the fix; or, with a local model
+            folder, a tokenizer with more tokens than the model's ``config.json`` ``vocab_size``.
+    """
+    from seqpack.data import load_tokenizer
+
+    n = _namer(option_names)
+    try:
+        tok = load_tokenizer(resolve_tokenizer(cfg))
+    except (ValueError, OSError) as exc:  # TokenizerError is a ValueError
+        if cfg.tokenizer:
+            raise ValueError(f"{n('tokenizer')}: {one_line(exc)}") from None
+        alt = (f" and no {n('tokenizer')} is given (pass {n('tokenizer')} qwen3, the embedded one, or a folder with "
+               "tokenizer files)" if _settable(option_names, "tokenizer") else "")
+        raise ValueError(f"{n('model')}: the folder {cfg.model} has no usable tokenizer{alt}: {one_line(exc)}") from None
+    if cfg.model not in TINY_MODELS:  # the data's ids must fit the model's embedding
+        from transformers import AutoConfig
+
+        vocab = getattr(AutoConfig.from_pretrained(cfg.model, local_files_only=True), "vocab_size", None)
+        if vocab is not None and len(tok) > vocab:
+            who = f"{n('tokenizer')} {cfg.tokenizer}" if cfg.tokenizer else f"the tokenizer of {n('model')} {cfg.model}"
+            raise ValueError(f"{who} has {len(tok):,} tokens but {n('model')} {cfg.model} has a vocabulary of "
+                             f"{vocab:,} (config.json vocab_size): its ids would index past the embedding. Fix: the "
+                             f"tokenizer the model was trained with ({n('tokenizer')} <folder>)")
+    return tok
+
+
 def prepare_data(inputs: Any, cfg: TrainConfig, *, option_names: dict[str, str] | None = None,
-                 log: Callable[[str], None] = print) -> tuple[list[Any], int, Any]:
+                 log: Callable[[str], None] = print, tokenizer: Any = None) -> tuple[list[Any], int, Any]:
     """Prepare chat data for :func:`run_training` and say what became of it.
 
     ``seqpack.data.prepare(inputs, tokenizer, seq_length=cfg.seq_length)`` (over-length samples
-    truncated, samples without a trainable token dropped) with the tokenizer of
-    :func:`resolve_tokenizer`; logs ``prepare: <summarize_prepare_report>``.
+    truncated, samples without a trainable token dropped) with ``tokenizer`` (default: loaded by
+    :func:`load_train_tokenizer`); logs ``prepare: <summarize_prepare_report>``.
 
     Returns:
         ``(samples, pad_token_id, report)``; the pad id is the tokenizer's pad token, else its EOS.
@@ -508,13 +668,10 @@ def prepare_data(inputs: Any, cfg: TrainConfig, *, option_names: dict[str, str] 
             ``prepare`` raises: ``DataFormatError`` (file, line/record and fix), ``TokenizerError``
             (both ``ValueError``), ``FileNotFoundError``.
     """
-    from seqpack.data import load_tokenizer, prepare
+    from seqpack.data import prepare
 
     n = _namer(option_names)
-    try:
-        tok = load_tokenizer(resolve_tokenizer(cfg))
-    except (ValueError, OSError) as exc:  # TokenizerError is a ValueError
-        raise ValueError(f"{n('tokenizer') if cfg.tokenizer else n('model') + ' (its tokenizer)'}: {exc}") from None
+    tok = tokenizer if tokenizer is not None else load_train_tokenizer(cfg, option_names=option_names)
     samples, report = prepare(inputs, tok, seq_length=cfg.seq_length)
     summary = summarize_prepare_report(report)
     log(f"prepare: {summary}")
@@ -598,8 +755,13 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
             with the embedded Qwen3 tokenizer; then ``pad_token_id`` comes from the tokenizer).
         cfg: :class:`TrainConfig` (default settings when ``None``).
         pad_token_id: id of padding slots (ignored when ``samples`` is None).
-        log: one-line messages (data summary, warnings, steps actually run).
+        log: one-line messages (data summary, warnings, steps actually run, a note when ``modes`` is
+            ``("padded",)`` alone: nothing to compare, so no loss check and no speed-up; and one
+            ``wrote <path>`` line per file written: ``train.json``, ``train_loss.png``,
+            ``train_throughput.png``).
         option_names: how messages name config fields (``seqpack train`` passes :data:`CLI_OPTION_NAMES`).
+            When given, a fix only advises fields it names (a caller without a ``warmup_steps`` option
+            is told to raise ``steps``, not to lower ``warmup_steps``).
 
     Before any data is read or model built: :meth:`TrainConfig.validate`, :func:`check_runtime`
     (model, device, attention) and :func:`check_out_dir`.
@@ -615,7 +777,8 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
     Raises:
         ValueError: an invalid config field, a device / attention this machine cannot run, an
             unwritable ``out_dir``, no samples, or a sample longer than ``seq_length``.
-        FileNotFoundError: ``model`` is neither a tiny name nor an existing folder.
+        FileNotFoundError: ``model`` is neither a tiny name nor an existing folder, or the folder has no
+            ``config.json`` or no weights.
     """
     import torch
 
@@ -641,6 +804,10 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
     modes = list(dict.fromkeys(cfg.modes))
     if "padded" not in modes and ({"packed", "in_batch"} & set(modes)):
         modes.insert(0, "padded")  # their reference; streaming brings its own (padded_stream)
+    notes = []  # logged after the overview line
+    if modes == ["padded"]:
+        notes.append(f"note: {n('modes')} padded alone trains only the baseline (unpacked, padded): no loss-agreement check "
+                     f"and no speed-up (add packed, in_batch or streaming to {n('modes')} to compare)")
     if samples is None:
         data = default_data()
         log(f"data: {data}")
@@ -667,7 +834,6 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
     lengths = np.array([s.length for s in samples], np.int64)
     plan = plan_steps(lengths, cfg.seq_length, algorithm=cfg.algorithm, seed=cfg.seed)
     n_steps = len(plan) if cfg.steps is None else min(cfg.steps, len(plan))
-    notes = []  # logged after the overview line
     if cfg.steps is not None and n_steps < cfg.steps:
         notes.append(f"{n('steps')} {cfg.steps}: the {len(samples)} samples fill only {len(plan)} pack(s) of <= "
                      f"{cfg.seq_length} tokens, so {n_steps} step(s) are run per mode (more data or a smaller "
@@ -677,6 +843,12 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
     from seqpack.packed import build_packed_sequence
 
     base = build_model(cfg, vocab)
+    rows_in = base.get_input_embeddings().num_embeddings
+    top = max(int(np.max(s.input_ids)) for s in samples)
+    if max(top, pad_token_id) >= rows_in:
+        raise ValueError(f"token id {max(top, pad_token_id)} (data or pad id) is past the model's {rows_in:,} "
+                         f"embedding rows ({n('model')} {cfg.model}). Fix: prepare the data with the model's own "
+                         f"tokenizer ({n('tokenizer')})")
     runs: list[_ModeRun] = []
 
     def new_run(name: str, steps: list[np.ndarray], rows=None) -> _ModeRun:
@@ -710,9 +882,11 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
     del base
     longest = max(len(r.steps) for r in runs)
     if cfg.warmup_steps >= longest:
-        notes.append(f"{n('warmup_steps')} {cfg.warmup_steps} is not below the {longest} step(s) run: only the first "
+        warm = (f"{n('warmup_steps')} {cfg.warmup_steps}" if _settable(option_names, "warmup_steps")
+                else f"the warm-up of {cfg.warmup_steps} step(s)")
+        notes.append(f"{warm} is not below the {longest} step(s) run: only the first "
                      f"{longest - 1} step(s) are left out of the throughput (a speed verdict needs "
-                     f"{MIN_TIMED_STEPS} timed steps)")
+                     f"{MIN_TIMED_STEPS} timed steps: {_timed_steps_fix(option_names)})")
     total = sum(len(r.steps) for r in runs)
     log(f"{len(samples)} samples, {int(lengths.sum()):,} tokens; {n_steps} steps of <= {cfg.seq_length} tokens; "
         f"modes: {', '.join(r.name for r in runs)}; model {cfg.model} (vocab {vocab or 'model'}), "
@@ -758,14 +932,17 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
                     prog.update(task, advance=1, description=(
                         f"{r.name:>13s} step {k + 1} loss {r.losses[-1]:.4f} "
                         f"{r.real[-1] / r.times[-1]:,.0f} real tok/s, pad {1 - r.real[-1] / r.slots[-1]:.1%}"))
-    return _summarise(runs, cfg, samples, lengths, n_steps, vocab, log, n)
+    return _summarise(runs, cfg, samples, lengths, n_steps, vocab, log, option_names)
 
 
-def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps, vocab, log, n) -> dict[str, Any]:
+def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps, vocab, log,
+               option_names: dict[str, str] | None) -> dict[str, Any]:
     from rich.console import Console
 
     from seqpack.bench.timing import bar_chart, line_chart, print_table, verdict, write_json
 
+    n = _namer(option_names)
+    fix_timed = _timed_steps_fix(option_names)
     by = {r.name: r for r in runs}
     w = max(0, min(cfg.warmup_steps, max(len(r.steps) for r in runs) - 1))
     out: dict[str, Any] = {}
@@ -803,7 +980,7 @@ def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps
         timed = min(len(r.times), len(ref.times)) - w
         if timed < MIN_TIMED_STEPS or o["fraction_of_ideal"] is None:
             info = (f"not enough timed steps for a speed verdict ({timed} after {w} warm-up; need >= "
-                    f"{MIN_TIMED_STEPS}: raise {n('steps')} or lower {n('warmup_steps')})")
+                    f"{MIN_TIMED_STEPS}: {fix_timed})")
             Console().print(f"[yellow]n/a[/]   {label}: {info}", highlight=False)
             goals.append({"goal": label, "pass": None, "info": info, "kind": "speed"})
         else:
@@ -832,11 +1009,14 @@ def _summarise(runs: list[_ModeRun], cfg: TrainConfig, samples, lengths, n_steps
     }
     if cfg.out_dir:
         od = Path(cfg.out_dir)
-        write_json(od / "train.json", payload)
-        line_chart(od / "train_loss.png", {r.name: r.losses for r in runs},
-                   title="loss per step (token mean, same samples per step)", xlabel="step", ylabel="loss (nats)")
+        written = [write_json(od / "train.json", payload)]
+        written.append(line_chart(od / "train_loss.png", {r.name: r.losses for r in runs},
+                                  title="loss per step (token mean, same samples per step)", xlabel="step",
+                                  ylabel="loss (nats)"))
         names = [r.name for r in runs]
-        bar_chart(od / "train_throughput.png", names, [out[n]["real_tokens_per_s"] for n in names],
-                  title="real tokens / s (higher is better)", ylabel="tokens/s",
-                  annotate=[f"{out[n]['real_tokens_per_s']:.0f}" for n in names])
+        written.append(bar_chart(od / "train_throughput.png", names, [out[m]["real_tokens_per_s"] for m in names],
+                                 title="real tokens / s (higher is better)", ylabel="tokens/s",
+                                 annotate=[f"{out[m]['real_tokens_per_s']:.0f}" for m in names]))
+        for path in written:
+            log(f"wrote {path}")
     return payload
