@@ -226,13 +226,14 @@ def test_stream_wrapper_records_output_and_goals(tmp_path):
     script.write_text("import sys\nprint('table PASSED')\nprint('PASS  goal one: 3x')\nprint('MISS  goal two')\n"
                       "print('  goal: a: PASS; b: MISS')\nprint('summary: throughput PASS')\n"
                       "sys.exit(0 if '--quick' in sys.argv else 4)\n")
+    expected = [{"goal": "goal one: 3x", "pass": True}, {"goal": "goal two", "pass": False},
+                {"goal": "goal: a: PASS; b: MISS", "pass": False}, {"goal": "summary: throughput PASS", "pass": True}]
     res = run_stream(quick=True, script=script, out_dir=tmp_path, echo=False)
-    assert res["returncode"] == 0 and res["goals"] == [{"goal": "goal one: 3x", "pass": True},
-                                                       {"goal": "goal two", "pass": False},
-                                                       {"goal": "goal: a: PASS; b: MISS", "pass": False},
-                                                       {"goal": "summary: throughput PASS", "pass": True}]
+    assert res["returncode"] == 0 and res["quick"] is True
+    assert res["goals"] == [{**g, "informational": "quick: informational"} for g in expected]
     assert json.loads((tmp_path / "stream.json").read_text())["output"].startswith("table")
-    assert run_stream(script=script, out_dir=tmp_path, echo=False)["returncode"] == 4
+    full = run_stream(script=script, out_dir=tmp_path, echo=False)
+    assert full["returncode"] == 4 and full["goals"] == expected  # the full run judges the goals
     with pytest.raises(FileNotFoundError, match="not found"):
         run_stream(script=tmp_path / "missing.py", out_dir=tmp_path)
 
@@ -382,7 +383,7 @@ def test_algorithms_marks_trl_wrapped_as_cutting_samples_in_table_and_png(tmp_pa
     assert {name for name, _, _ in charts} == {"algorithms_time.png", "algorithms_bins.png"}
     for _name, labels, kw in charts:
         marked = [i for i, lb in enumerate(labels) if "(cuts samples)" in lb]
-        assert [labels[i].split("\n")[0] for i in marked] == ["trl pack_dataset wrapped (cuts samples)"]
+        assert [labels[i] for i in marked] == ["trl pack_dataset wrapped (cuts samples), n=2,000"]
         assert [c for c in kw["colors"] if c] == [kw["colors"][marked[0]]]  # only that bar is set apart
         assert "cuts samples" in kw["title"]
     data = json.loads((tmp_path / "algorithms.json").read_text())

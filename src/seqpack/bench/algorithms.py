@@ -36,11 +36,15 @@ import numpy as np
 from seqpack.bench import references as ref
 from seqpack.bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
-__all__ = ["lognormal_lengths", "run_algorithms", "display_name", "DEFAULT_SIZES", "QUICK_SIZES", "CAPACITY"]
+__all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
+           "CAPACITY", "QUICK_NOTE"]
 
 CAPACITY = 4096
 DEFAULT_SIZES = (100_000, 1_000_000)
 QUICK_SIZES = (20_000,)
+#: Printed after the verdicts of a ``--quick`` run (its verdicts are labelled "quick: informational").
+QUICK_NOTE = ("note: --quick verdicts are informational: the goals are judged on the full run "
+              "(`seqpack bench algorithms`: 100,000 and 1,000,000 lengths, 3 repeats)")
 
 
 def lognormal_lengths(n: int, *, seed: int = 0, median: float = 250.0, sigma: float = 1.0,
@@ -58,6 +62,13 @@ def display_name(row: dict[str, Any]) -> str:
     """Program name for tables and charts: ``row["program"]`` plus " (cuts samples)" when
     ``row["breaks_samples"]`` (TRL ``wrapped``), so it is not read as a packer that keeps samples whole."""
     return row["program"] + (CUTS_SAMPLES if row.get("breaks_samples") else "")
+
+
+def skip_line(skip: dict[str, Any]) -> str:
+    """One console line for a ``skipped`` entry: ``skipped: <program>, n=<n>: <reason>`` (``n`` is
+    "every n" for a baseline that is not installed)."""
+    n = "every n" if skip.get("n") is None else f"n={skip['n']:,}"
+    return f"skipped: {skip['program']}, {n}: {skip['reason']}"
 
 
 def _row(program: str, n: int, loads: np.ndarray, timing: Any, l1: int, l2: int, capacity: int,
@@ -90,9 +101,13 @@ def run_algorithms(
     max_bridge_n: int = 100_000,
     trl: bool = True,
     seed: int = 0,
+    quick: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the comparison and write ``algorithms.json`` + ``algorithms_time.png`` + ``algorithms_bins.png``.
+
+    After the tables and verdicts, every skipped baseline is printed as one ``skipped:`` line
+    (:func:`skip_line`: program, n, reason), as listed in the JSON's ``skipped``.
 
     Args:
         sizes: numbers of lengths (one instance each, same generator seed).
@@ -100,11 +115,14 @@ def run_algorithms(
         repeats: timed runs per program (median reported); TRL at n >= 1,000,000 runs once
             (memory: ~3 GB per run) and says so in ``note``.
         out_dir: folder for the JSON and PNG files (created and checked before any work).
-        max_reference_n: largest n for LLaMA-Factory's pure-Python greedy knapsack (O(n^2) worst case).
+        max_reference_n: largest n for LLaMA-Factory's pure-Python greedy knapsack (O(n^2) worst case);
+            >= 0, 0 = never run it.
         max_bridge_n: largest n for Megatron-Bridge's pure-Python first fit (O(n * packs): about a
-            minute per run at 100,000 lengths; above 20,000 lengths it runs once).
+            minute per run at 100,000 lengths; above 20,000 lengths it runs once); >= 0, 0 = never run it.
         trl: include TRL when importable (skips are recorded in ``skipped``).
         seed: seed of the length generator.
+        quick: a ``--quick`` run: each verdict is printed and stored as "quick: informational" (small
+            sizes do not judge the goals), followed by :data:`QUICK_NOTE`.
         log: one-line progress messages.
 
     Returns:
@@ -112,13 +130,17 @@ def run_algorithms(
         program and size, keys of :func:`_row`), ``skipped`` (program, n, reason), ``goals``.
 
     Raises:
-        ValueError: empty ``sizes`` or a size < 1.
+        ValueError: empty ``sizes``, a size < 1, or ``max_reference_n`` / ``max_bridge_n`` < 0.
         OutputDirError: ``out_dir`` cannot be created or written (checked first).
     """
     from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be a non-empty list of integers >= 1, got {list(sizes)!r}")
+    for key, val in (("max_reference_n", max_reference_n), ("max_bridge_n", max_bridge_n)):
+        if val < 0:
+            raise ValueError(f"{key} must be >= 0 (0 = never run that baseline), got {val}")
+    informational = "quick: informational" if quick else None
     out_dir = ensure_out_dir(out_dir, option="out_dir")
     ours = [PackingAlgorithm(DEFAULT_ALGORITHM), PackingAlgorithm.best_fit_decreasing, PackingAlgorithm.greedy_knapsack]
     for a in ours:  # JIT warm-up (numba kernels, cached on disk)
@@ -172,12 +194,14 @@ def run_algorithms(
             by_prog[lf_name] = _row(lf_name, n, loads, t, l1, l2, capacity, note=lf_note)
         else:
             skipped.append({"program": lf_name, "n": n,
-                            "reason": f"n > max_reference_n={max_reference_n} (O(n^2) list.pop)"})
+                            "reason": f"n > max_reference_n={max_reference_n:,} (--max-reference-n; O(n^2) "
+                                      "list.pop)"})
         for algo in ref.BRIDGE_ALGORITHMS if bridge_version else ():
             name = f"megatron-bridge {bridge_version} {algo}"
             if n > max_bridge_n:
                 skipped.append({"program": name, "n": n,
-                                "reason": f"n > max_bridge_n={max_bridge_n} (O(n * packs) first fit)"})
+                                "reason": f"n > max_bridge_n={max_bridge_n:,} (--max-bridge-n; O(n * packs) "
+                                          "first fit)"})
                 continue
             reps = 1 if n > 20_000 else repeats
             log(f"  {name} x{reps}")
@@ -199,28 +223,32 @@ def run_algorithms(
         if trl_bfd:
             goals.append(verdict(
                 f"n={n:,}: seqpack default packs <= TRL bfd packs", base["bins"] <= trl_bfd["bins"],
-                f"{base['bins']} vs {trl_bfd['bins']}"))
+                f"{base['bins']} vs {trl_bfd['bins']}", informational=informational))
             goals.append(verdict(
                 f"n={n:,}: seqpack default faster than TRL bfd (CPU)", base["cpu_s"] < trl_bfd["cpu_s"],
                 f"seqpack {base['cpu_s']:.3f} s vs TRL {trl_bfd['cpu_s']:.3f} s "
-                f"(TRL takes {trl_bfd['cpu_s'] / max(base['cpu_s'], 1e-9):.1f}x as long)"))
+                f"(TRL takes {trl_bfd['cpu_s'] / max(base['cpu_s'], 1e-9):.1f}x as long)", informational=informational))
         lf = by_prog.get(lf_name)
         if lf:
             goals.append(verdict(
                 f"n={n:,}: seqpack default packs <= LLaMA-Factory greedy knapsack packs", base["bins"] <= lf["bins"],
-                f"{base['bins']} vs {lf['bins']}"))
+                f"{base['bins']} vs {lf['bins']}", informational=informational))
         for algo in ref.BRIDGE_ALGORITHMS:
             br = by_prog.get(f"megatron-bridge {bridge_version} {algo}")
             if br:
                 goals.append(verdict(
                     f"n={n:,}: seqpack default packs <= Megatron-Bridge {algo} packs", base["bins"] <= br["bins"],
                     f"{base['bins']} vs {br['bins']}; Bridge takes {br['cpu_s'] / max(base['cpu_s'], 1e-9):.0f}x "
-                    "as long"))
+                    "as long", informational=informational))
+    if quick and goals:
+        print(QUICK_NOTE)
+    for skip in skipped:
+        print(skip_line(skip))
     payload = {"benchmark": "algorithms", "capacity": capacity, "sizes": list(sizes), "repeats": repeats,
-               "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]", "results": results,
-               "skipped": skipped, "goals": goals}
+               "quick": quick, "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]",
+               "results": results, "skipped": skipped, "goals": goals}
     write_json(out_dir / "algorithms.json", payload)
-    labels = [f"{display_name(r)}\nn={r['n']:,}" for r in results]
+    labels = [f"{display_name(r)}, n={r['n']:,}" for r in results]
     colors = ["#dd8452" if r["breaks_samples"] else None for r in results]  # orange: not a packing result
     cut_note = "; orange = cuts samples, not comparable" if any(r["breaks_samples"] for r in results) else ""
     bar_chart(out_dir / "algorithms_time.png", labels, [r["cpu_s"] for r in results],
@@ -228,5 +256,5 @@ def run_algorithms(
               annotate=[f"{r['cpu_s']:.3g}" for r in results], colors=colors)
     bar_chart(out_dir / "algorithms_bins.png", labels, [r["excess_vs_l2_pct"] for r in results],
               title=f"Packs above the L2 lower bound (%){cut_note}", ylabel="% over L2",
-              annotate=[str(r["bins"]) for r in results], colors=colors)
+              annotate=[f"{r['bins']:,} packs" for r in results], colors=colors)
     return payload

@@ -37,21 +37,47 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from seqpack.bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = [
+    "PrepareOptionError",
+    "PrepareDataError",
+    "THINK_NOTE",
     "write_synthetic_chat",
     "real_datasets",
     "check_shared_data",
     "trl_prepare_and_pack",
     "seqpack_prepare_and_pack",
     "run_prepare",
+    "compare_sides",
     "SHARED_FILES",
 ]
+
+
+class PrepareOptionError(ValueError):
+    """A setting of the benchmark leaves nothing to run or pack (the command line exits 2)."""
+
+
+class PrepareDataError(ValueError):
+    """A data file could not be read or prepared by seqpack or by the TRL path (the command line exits 1);
+    the message names the file, the side and the cause."""
+
+
+#: Why the two sides count different tokens on multi-turn chats (checked record by record on the four
+#: demo files of ../shared/data: apart from these blocks, both sides render every record to the same text).
+THINK_NOTE = ("why tokens differ: TRL's qwen3_training.jinja writes an empty think block "
+              "'<think>\\n\\n</think>\\n\\n' (4 tokens) into every assistant turn, the model's chat template "
+              "(used by seqpack) only into the turns after the last user message; trainable tokens also differ "
+              "because TRL's assistant mask covers those blocks and the '\\n' after each <|im_end|>")
+
+#: Printed after the verdicts of a ``--quick`` run.
+QUICK_NOTE = ("note: --quick verdicts are informational (fixed start-up costs dominate 2,000 records): the >= 2x "
+              "goal is judged on the full run (`seqpack bench prepare`: 100,000 synthetic records; real files, "
+              "3 repeats)")
 
 #: Files of ../shared/data used (text-only records that both seqpack and the TRL path can read).
 SHARED_FILES = (
@@ -155,21 +181,55 @@ def _read_records(path: Path) -> list[dict]:
         return json.load(f)
 
 
+def _tool_call(value: Any) -> list[dict]:
+    """A sharegpt ``function_call`` value (JSON ``{name, arguments}`` or a list) -> OpenAI ``tool_calls``.
+
+    ``arguments`` are kept as a JSON string (both Qwen3 templates print a string as is and a dict with
+    ``tojson``, which gives the same text): Arrow needs one type per column, and argument dicts differ
+    per call."""
+    obj = json.loads(value) if isinstance(value, str) else value
+    out = []
+    for c in obj if isinstance(obj, list) else [obj]:
+        c = c.get("function", c)
+        args = c.get("arguments", {})
+        out.append({"type": "function", "function": {
+            "name": c["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
+    return out
+
+
 def _to_chatml(rec: dict) -> dict:
-    """One record -> ``{"messages": [...], "tools": list | None}`` (the conversion a TRL user writes)."""
+    """One record -> ``{"messages": [...], "tools": list | None}`` (the conversion a TRL user writes).
+
+    alpaca -> system?/user/assistant; sharegpt roles renamed (``observation`` -> ``tool``), a
+    ``function_call`` turn -> an assistant turn with ``tool_calls`` (attached to the assistant turn just
+    before it when that one has none, as seqpack's reader does); bare glaive tool schemas wrapped as
+    ``{"type": "function", "function": schema}``. Tool calls and tools then render the same way in
+    TRL's training template and in the model's chat template (``<tool_call>`` blocks, wrapped schemas).
+    """
     tools = rec.get("tools")
     if isinstance(tools, str):
         tools = json.loads(tools) if tools.strip() else None
-    tools = tools or None
+    if isinstance(tools, dict):
+        tools = [tools]
+    tools = [t if (t.get("function") is not None or t.get("type") not in (None, "function"))
+             else {"type": "function", "function": t} for t in tools or []] or None
     if "messages" in rec:
         return {"messages": rec["messages"], "tools": tools}
     if "conversations" in rec:
-        msgs = []
+        msgs: list[dict] = []
         sys_prompt = rec.get("system") or rec.get("system_prompt")
         if sys_prompt:
             msgs.append({"role": "system", "content": sys_prompt})
         for m in rec["conversations"]:
-            msgs.append({"role": _SHAREGPT_ROLE.get(m["from"], m["from"]), "content": m["value"]})
+            role = _SHAREGPT_ROLE.get(m["from"], m["from"])
+            if m["from"] == "function_call":
+                calls = _tool_call(m["value"])
+                if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
+                    msgs[-1]["tool_calls"] = calls
+                else:
+                    msgs.append({"role": "assistant", "content": "", "tool_calls": calls})
+                continue
+            msgs.append({"role": role, "content": m["value"]})
         return {"messages": msgs, "tools": tools}
     user = rec["instruction"] + ("\n" + rec["input"] if rec.get("input") else "")
     msgs = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
@@ -187,7 +247,13 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
     """TRL's SFT preparation + ``pack_dataset(strategy="bfd")`` + ``to_parquet`` (module docstring).
 
     Returns:
-        ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency"}``.
+        ``{"packs", "tokens", "trainable_tokens", "samples", "records", "efficiency"}``: ``samples`` =
+        rows in TRL's packs (its ``seq_lengths``; ``pack_dataset`` drops empty rows and cuts rows over
+        ``seq_length`` to their first ``seq_length`` tokens, keeping them), ``records`` = records read.
+
+    Raises:
+        PrepareDataError: the file cannot be read as JSON/JSONL or a record does not fit the conversion
+            (the message names the file and record).
     """
     import datasets
     from datasets import Dataset
@@ -195,7 +261,17 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
 
     datasets.disable_progress_bars()
     template = _trl_training_template()
-    rows = [_to_chatml(r) for r in _read_records(path)]
+    try:
+        records = _read_records(path)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise PrepareDataError(f"TRL path could not read {path}: {exc}") from None
+    rows = []
+    for i, rec in enumerate(records):
+        try:
+            rows.append(_to_chatml(rec))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise PrepareDataError(f"TRL path could not convert record {i} of {path} to messages "
+                                   f"({type(exc).__name__}: {exc})") from None
     # tools are stored as a JSON string column (Arrow needs one type per column), parsed back in map
     ds = Dataset.from_list([{"messages": r["messages"], "tools": json.dumps(r["tools"]) if r["tools"] else ""}
                             for r in rows])
@@ -208,7 +284,13 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
         mask = out["assistant_masks"]
         return {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]}
 
-    ds = ds.map(tokenize_fn, remove_columns=ds.column_names)
+    from jinja2 import TemplateError
+
+    try:
+        ds = ds.map(tokenize_fn, remove_columns=ds.column_names)
+    except (TemplateError, KeyError, TypeError, ValueError) as exc:
+        raise PrepareDataError(f"TRL path could not apply its chat template to a record of {path} "
+                               f"({type(exc).__name__}: {exc})") from None
     ds = ds.select_columns(["input_ids", "labels"])
     packed = pack_dataset(ds, seq_length, strategy="bfd")
     packed.to_parquet(str(out_file))
@@ -219,30 +301,139 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
     labels = pc.list_flatten(tbl.column("labels"))
     trainable = int(pc.sum(pc.not_equal(labels, -100)).as_py() or 0)
     tokens = int(lens.sum())
-    return {"packs": int(len(packed)), "tokens": tokens, "trainable_tokens": trainable, "samples": len(rows),
-            "efficiency": round(tokens / (len(packed) * seq_length), 6)}
+    samples = int(pc.sum(pc.list_value_length(tbl.column("seq_lengths"))).as_py() or 0)
+    return {"packs": int(len(packed)), "tokens": tokens, "trainable_tokens": trainable, "samples": samples,
+            "records": len(rows), "efficiency": round(tokens / (len(packed) * seq_length), 6)}
 
 
 def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_dir: Path) -> dict[str, Any]:
     """``seqpack.pipeline.pack_dataset`` (tokenize + plan + build/validate rows + write).
 
     Returns:
-        ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s"}``.
+        ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s", "report",
+        "report_examples"}``: ``report`` = the :class:`~seqpack.data.sample.PrepareReport` counts
+        ``{status: {reason: count}}`` (records dropped, skipped, truncated...), ``report_examples`` =
+        up to 3 dropped/skipped records (``sample_id``, ``reason``, ``detail``).
+
+    Raises:
+        PrepareOptionError: nothing left to pack at ``seq_length`` (the message says to raise
+            ``--seq-length``).
+        PrepareDataError: the file cannot be read or holds a malformed record (seqpack's message names
+            the file and record), or holds no record.
     """
+    from seqpack.data.tokenizer import TokenizerError
     from seqpack.pipeline import NothingToPackError, pack_dataset
 
     try:
         res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True)
     except NothingToPackError as exc:  # its "Fix:" names `seqpack pack` options; say what fits here
         reason = str(exc).split(" Fix:")[0].rstrip(".")
-        raise ValueError(
+        if reason.startswith("no record to pack"):  # an empty file: the data, not a setting
+            raise PrepareDataError(f"{reason}; fix or remove {path}") from None
+        raise PrepareOptionError(
             f"{reason}. Fix: raise --seq-length (now {seq_length}): the benchmark packs with `seqpack pack`'s "
             "defaults, so over-long records are truncated to --seq-length and only assistant tokens are "
             "trained; a record whose assistant tokens all lie past the cut has nothing left") from None
+    except TokenizerError:
+        raise  # the tokenizer, not the data: the caller's setting
+    except (ValueError, OSError) as exc:  # DataFormatError (file + record + fix), unreadable file
+        raise PrepareDataError(f"seqpack could not prepare {path}: {exc}") from None
     m = res.metadata
+    examples = [{"sample_id": e.sample_id, "reason": e.reason, "detail": e.detail}
+                for e in res.report.entries if e.status in ("dropped", "skipped")][:3]
     return {"packs": int(m.num_packs), "tokens": int(m.counts["tokens"]),
             "trainable_tokens": int(m.counts["trainable_tokens"]), "samples": int(m.counts["samples_packed"]),
-            "efficiency": float(m.packing_efficiency), "timings_s": res.timings_s}
+            "efficiency": float(m.packing_efficiency), "timings_s": res.timings_s,
+            "report": res.report.by_reason(), "report_examples": examples}
+
+
+# ------------------------------------------------------------------------------------------ comparison
+def _count_run(ids: np.ndarray, pattern: Sequence[int]) -> int:
+    """Occurrences of the token run ``pattern`` in the 1-D id array ``ids``."""
+    k = len(pattern)
+    if k == 0 or ids.shape[0] < k:
+        return 0
+    hit = np.ones(ids.shape[0] - k + 1, dtype=bool)
+    for j, t in enumerate(pattern):
+        hit &= ids[j:ids.shape[0] - k + 1 + j] == t
+    return int(hit.sum())
+
+
+def _flat(files: Sequence[Path], column: str) -> np.ndarray:
+    """One list column of Parquet files, flattened to a 1-D numpy array."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parts = [pc.list_flatten(pq.read_table(f, columns=[column]).column(column)).to_numpy(zero_copy_only=False)
+             for f in files]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _fmt_reasons(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{r}: {c:,}" for r, c in reasons.items())
+
+
+def compare_sides(entry: dict[str, Any], *, seq_length: int, seqpack_dir: Path, trl_file: Path,
+                  think_ids: Sequence[int]) -> dict[str, Any]:
+    """Say why seqpack and TRL prepared different samples or tokens from the same file.
+
+    Read from what each side wrote (outside the timed runs): seqpack's report (records dropped or
+    skipped, with reasons and examples), TRL's packed rows (samples exactly ``seq_length`` tokens long,
+    i.e. cut by ``pack_dataset``'s truncation or that long already, and samples with no trainable
+    token), and on both sides the number of empty think blocks ``think_ids`` (the rendered
+    ``<think>\\n\\n</think>\\n\\n``), which TRL's training template writes into every assistant turn.
+
+    Args:
+        entry: a data-set entry of :func:`run_prepare` with ``seqpack`` and ``trl`` blocks.
+        seqpack_dir: seqpack's output folder (``data/*.parquet`` shards).
+        trl_file: TRL's ``to_parquet`` file (``input_ids``, ``labels``, ``seq_lengths`` per pack).
+        think_ids: token ids of an empty think block.
+
+    Returns:
+        ``{"samples": {"seqpack", "trl"}, "tokens": {"seqpack", "trl"}, "seqpack_report",
+        "seqpack_report_examples", "trl_samples_at_seq_length", "trl_samples_without_trainable_tokens",
+        "think_blocks": {"seqpack", "trl"}, "think_block_tokens", "notes"}``; ``notes`` holds one line per
+        difference (empty when both sides agree on samples and tokens).
+    """
+    sp, tr = entry["seqpack"], entry["trl"]
+    short = table_name(entry["dataset"])
+    seq_lens = _flat([trl_file], "seq_lengths").astype(np.int64)
+    trained = (_flat([trl_file], "labels") != -100).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]]) if seq_lens.size else np.zeros(0, np.int64)
+    per_sample = np.add.reduceat(trained, starts) if seq_lens.size else np.zeros(0, np.int64)
+    at_cap = int((seq_lens == seq_length).sum())
+    no_train = int((per_sample == 0).sum())
+    think = {"seqpack": _count_run(_flat(sorted((seqpack_dir / "data").glob("*.parquet")), "input_ids"), think_ids),
+             "trl": _count_run(_flat([trl_file], "input_ids"), think_ids)}
+    think_tokens = len(think_ids) * (think["trl"] - think["seqpack"])
+    report = sp.get("report", {})
+    notes = []
+    if sp["samples"] != tr["samples"]:
+        lost = {st: r for st, r in report.items() if st in ("dropped", "skipped")}
+        why = "; ".join(f"{st} {sum(r.values()):,} ({_fmt_reasons(r)})" for st, r in lost.items())
+        line = (f"note: {short}: samples differ: seqpack {sp['samples']:,}, TRL {tr['samples']:,}; seqpack's report: "
+                + (why or "nothing dropped or skipped"))
+        if sp.get("report_examples"):
+            ex = sp["report_examples"][0]
+            line += f" (e.g. {ex['sample_id']}: {ex['detail']})"
+        line += (f"; TRL's pack_dataset keeps rows over {seq_length:,} tokens, cut to their first {seq_length:,} "
+                 f"(TRL samples exactly {seq_length:,} tokens long: {at_cap:,}; with no trainable token: {no_train:,})")
+        notes.append(line)
+    diff = tr["tokens"] - sp["tokens"]
+    if diff:
+        line = (f"note: {short}: tokens differ: seqpack {sp['tokens']:,}, TRL {tr['tokens']:,} ({diff:+,}); empty think "
+                f"blocks: seqpack {think['seqpack']:,}, TRL {think['trl']:,} = {think_tokens:+,} tokens")
+        rest = diff - think_tokens
+        if rest and tr["samples"] > sp["samples"]:
+            line += f"; the other {rest:+,} are in the samples TRL keeps and seqpack drops"
+        elif rest:
+            line += f"; {rest:+,} not explained by think blocks"
+        notes.append(line)
+    return {"samples": {"seqpack": sp["samples"], "trl": tr["samples"]},
+            "tokens": {"seqpack": sp["tokens"], "trl": tr["tokens"]},
+            "seqpack_report": report, "seqpack_report_examples": sp.get("report_examples", []),
+            "trl_samples_at_seq_length": at_cap, "trl_samples_without_trainable_tokens": no_train,
+            "think_blocks": think, "think_block_tokens": think_tokens, "notes": notes}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -262,9 +453,14 @@ def run_prepare(
     out_dir: str | os.PathLike = "bench_results",
     tokenizer: Any = "qwen3",
     trl: bool = True,
+    quick: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the comparison and write ``prepare.json`` + ``prepare_time.png``.
+
+    After the table, one ``note:`` line per data set whose samples or tokens differ between the two
+    sides (:func:`compare_sides`: seqpack's drop reasons and counts, TRL's cut rows, empty think
+    blocks), then :data:`THINK_NOTE` when think blocks account for a difference.
 
     Args:
         shared_data: folder of the real data (``../shared/data``); ``None`` = synthetic only; a missing
@@ -277,23 +473,28 @@ def run_prepare(
         out_dir: folder for the JSON/PNG (and a scratch folder ``_prepare_work`` removed at the end).
         tokenizer: name/path for ``load_tokenizer`` or a loaded tokenizer (used by both sides).
         trl: include TRL (skipped with a recorded reason when not importable).
+        quick: a ``--quick`` run: each verdict is printed and stored as "quick: informational", then
+            :data:`QUICK_NOTE` (the goal is judged on the full run).
         log: one-line progress messages.
 
     Returns:
         the JSON payload: ``benchmark``, ``seq_length``, ``records``, ``datasets`` (one entry per data
         set with ``seqpack`` and ``trl`` blocks: packs, tokens, trainable_tokens, samples, efficiency,
-        wall_s, cpu_s; plus ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack), ``goals``, ``skipped``.
+        wall_s, cpu_s; plus ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack, and ``comparison`` from
+        :func:`compare_sides`), ``goals``, ``skipped``, ``notes`` (the printed note lines), ``quick``.
 
     Raises:
-        ValueError: nothing to run (no real data and ``records == 0``), ``repeats < 1``, or a data set
-            that seqpack packs to nothing at ``seq_length`` (message says to raise ``--seq-length``).
+        PrepareOptionError: nothing to run (no real data and ``records == 0``), ``repeats < 1``, or a
+            data set that seqpack packs to nothing at ``seq_length`` (message says to raise ``--seq-length``).
+        PrepareDataError: a data file cannot be read or holds a malformed record (message names the file,
+            the side and the cause).
         OutputDirError: ``out_dir`` cannot be created or written (checked before any work).
     """
     from seqpack.bench.references import trl_available
     from seqpack.data.tokenizer import load_tokenizer
 
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise PrepareOptionError(f"repeats must be >= 1, got {repeats}")
     out_dir = ensure_out_dir(out_dir, option="out_dir")
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     work = Path(tempfile.mkdtemp(prefix="_prepare_work", dir=out_dir))
@@ -314,12 +515,13 @@ def run_prepare(
             syn_reps = synthetic_repeats or (1 if records >= 20_000 else repeats)
             files.append((f"synthetic_chat ({records:,} records)", syn, syn_reps))
         if not files:
-            raise ValueError("nothing to benchmark: no shared data found and records == 0")
+            raise PrepareOptionError("nothing to benchmark: no shared data found and records == 0")
         has_trl = trl and trl_available()
         if trl and not has_trl:
             skipped.append({"dataset": "*", "reason": "trl/datasets not importable: TRL side skipped"})
         entries: list[dict[str, Any]] = []
         goals: list[dict[str, Any]] = []
+        think_ids = list(tok("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]) if has_trl else []
         for name, path, reps in files:
             log(f"{name}: seqpack x{reps}")
             sp, t_sp = timed(lambda: seqpack_prepare_and_pack(path, tok, seq_length, work / "seqpack_out"), reps)
@@ -335,7 +537,10 @@ def run_prepare(
                 goals.append(verdict(
                     f"{name}: seqpack >= 2x faster end to end at >= packing efficiency", ok,
                     f"{entry['speedup_wall']:.2f}x wall ({entry['speedup_cpu']:.2f}x CPU); efficiency "
-                    f"{sp['efficiency']:.4f} vs TRL {tr['efficiency']:.4f}; packs {sp['packs']} vs {tr['packs']}"))
+                    f"{sp['efficiency']:.4f} vs TRL {tr['efficiency']:.4f}; packs {sp['packs']} vs {tr['packs']}",
+                    informational="quick: informational" if quick else None))
+                entry["comparison"] = compare_sides(entry, seq_length=seq_length, seqpack_dir=work / "seqpack_out",
+                                                    trl_file=work / "trl_out.parquet", think_ids=think_ids)
             entries.append(entry)
         rows = []
         for e in entries:  # one row per data set and program: the table fits a terminal, names stay whole
@@ -351,16 +556,24 @@ def run_prepare(
                     "speed-up = TRL time / seqpack time)",
                     ["dataset", "program", "samples", "tokens", "packs", "efficiency", "wall s", "CPU s",
                      "speed-up wall", "speed-up CPU"], rows, text_columns=2)
+        notes = [n for e in entries for n in e.get("comparison", {}).get("notes", [])]
+        if any(e.get("comparison", {}).get("think_block_tokens") for e in entries):
+            notes.append("note: " + THINK_NOTE)
+        if quick and goals:
+            notes.append(QUICK_NOTE)
+        for line in notes:
+            print(line)
         payload = {"benchmark": "prepare", "seq_length": seq_length, "records": records, "repeats": repeats,
-                   "tokenizer": str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
-                   getattr(tok, "name_or_path", None), "datasets": entries, "goals": goals, "skipped": skipped}
+                   "quick": quick, "tokenizer": str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
+                   getattr(tok, "name_or_path", None), "datasets": entries, "goals": goals, "skipped": skipped,
+                   "notes": notes}
         write_json(out_dir / "prepare.json", payload)
         labels, vals = [], []
         for e in entries:
-            labels.append(f"seqpack\n{table_name(e['dataset'])}")
+            labels.append(f"{table_name(e['dataset'])}: seqpack")
             vals.append(e["seqpack"]["wall_s"])
             if "trl" in e:
-                labels.append(f"TRL\n{table_name(e['dataset'])}")
+                labels.append(f"{table_name(e['dataset'])}: TRL")
                 vals.append(e["trl"]["wall_s"])
         bar_chart(out_dir / "prepare_time.png", labels, vals, title="tokenize + pack + write (wall s, median)",
                   ylabel="seconds", log=True, annotate=[f"{v:.3g}" for v in vals])

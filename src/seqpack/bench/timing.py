@@ -14,6 +14,7 @@ import os
 import platform
 import statistics
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -98,10 +99,15 @@ def ensure_out_dir(path: str | os.PathLike, *, option: str = "--out") -> Path:
         ``Path(path)``, now an existing, writable folder.
 
     Raises:
-        OutputDirError: ``path`` is a file, one of its parents is a file, or the folder cannot be
-            created or written (permissions, read-only file system); the message names ``option``,
-            the path and the fix.
+        OutputDirError: ``path`` is empty (``""`` or blanks: it would mean the current folder, which
+            ``--out ""`` / ``--out=`` never intends; pass a ``str``, since ``Path("")`` is already
+            ``Path(".")``), is a file, one of its parents is a file, or the folder cannot be created or
+            written (permissions, read-only file system); the message names ``option``, the path and
+            the fix.
     """
+    if isinstance(path, (str, bytes)) and not path.strip():
+        raise OutputDirError(f"{option} is empty ({path!r}); pass the folder for the results, e.g. {option} "
+                             "bench_results, or leave the option out (default ./bench_results)")
     p = Path(path)
     fix = f"pass {option} with a folder you can write (it is created if missing)"
     if p.exists() and not p.is_dir():
@@ -188,29 +194,61 @@ def _pyplot():
 
 def bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[float], *, title: str,
               ylabel: str, annotate: Sequence[str] | None = None, log: bool = False,
-              colors: Sequence[str | None] | None = None) -> Path:
-    """Write a PNG bar chart (one bar per label; ``annotate`` = text above each bar).
+              colors: Sequence[str | None] | None = None, horizontal: bool | None = None) -> Path:
+    """Write a PNG bar chart (one bar per label; ``annotate`` = text at the end of each bar).
 
     Bars are blue when their label contains "seqpack", grey otherwise; ``colors`` (one matplotlib
     colour or ``None`` per bar) overrides that per bar, e.g. to set apart a result that is not
     comparable.
+
+    Args:
+        ylabel: the value axis title (the x axis of a horizontal chart).
+        log: logarithmic value axis.
+        horizontal: one bar per row, labels written level on the left, the figure as tall as the
+            bars need (readable with many bars and long labels); ``None`` (default) = horizontal from
+            7 bars on, vertical columns for fewer.
     """
     plt = _pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2), 4.0))
+    n = len(labels)
     vals = [float(v) if v is not None else 0.0 for v in values]
     default = ["#4c72b0" if "seqpack" in str(lb) else "#999999" for lb in labels]
     cols = [c or d for c, d in zip(colors, default)] if colors is not None else default
-    bars = ax.bar(range(len(vals)), vals, color=cols)
-    ax.set_xticks(range(len(vals)))
-    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if log:
-        ax.set_yscale("log")
-    for b, txt in zip(bars, annotate or []):
-        ax.annotate(txt, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=7)
+    if horizontal is None:
+        horizontal = n > 6
+    if horizontal:
+        lines = max([str(lb).count("\n") + 1 for lb in labels] or [1])
+        row_in = 0.16 * lines + 0.14  # inches per bar: label lines plus a gap
+        longest = max([len(part) for lb in labels for part in str(lb).split("\n")] or [10])
+        fig, ax = plt.subplots(figsize=(max(8.0, 4.5 + 0.07 * longest), max(2.8, 1.5 + row_in * n)))
+        bars = ax.barh(range(n), vals, color=cols, height=0.7)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()  # first label on top, as in the tables
+        ax.set_xlabel(ylabel)
+        if log:
+            ax.set_xscale("log")
+        for b, txt in zip(bars, annotate or []):
+            ax.annotate(txt, (b.get_width(), b.get_y() + b.get_height() / 2), xytext=(3, 0),
+                        textcoords="offset points", ha="left", va="center", fontsize=7)
+        lo, hi = ax.get_xlim()  # room on the right for the annotations
+        ax.set_xlim(lo, hi * 4 if log else hi * 1.12)
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        longest = max([len(part) for lb in labels for part in str(lb).split("\n")] or [10])
+        fig, ax = plt.subplots(figsize=(max(5.0, max(0.9, 0.075 * longest) * n + 2), 4.0))
+        bars = ax.bar(range(n), vals, color=cols)
+        ax.set_xticks(range(n))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        for b, txt in zip(bars, annotate or []):
+            ax.annotate(txt, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=7)
+    # title centred on the figure, wrapped to its width (about 11 characters per inch at size 10): never cut off
+    width_chars = max(30, int(fig.get_size_inches()[0] * 11))
+    fig.suptitle("\n".join(textwrap.fill(part, width_chars) for part in title.split("\n")), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -297,10 +335,24 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def verdict(label: str, ok: bool, info: str, console: Any = None) -> dict[str, Any]:
-    """Print ``PASS``/``MISS`` for a goal and return it as a dict (``goal``, ``pass``, ``info``)."""
+def verdict(label: str, ok: bool, info: str, console: Any = None, *, informational: str | None = None) -> dict[str, Any]:
+    """Print ``PASS``/``MISS`` for a goal and return it as a dict (``goal``, ``pass``, ``info``).
+
+    Args:
+        informational: a reason the verdict does not judge the goal (e.g. ``"quick: informational"``
+            for a ``--quick`` run, whose small sizes are dominated by fixed start-up costs). It is
+            printed after the tag (``MISS (quick: informational)  <label>: <info>``, in yellow rather
+            than red/green) and stored as ``informational`` in the returned dict.
+    """
     from rich.console import Console
+    from rich.markup import escape
 
     console = console or Console()
-    console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/]  {label}: {info}")
-    return {"goal": label, "pass": bool(ok), "info": info}
+    tag = "PASS" if ok else "MISS"
+    colour = "yellow" if informational else ("green" if ok else "red")
+    extra = f" ({informational})" if informational else ""
+    console.print(f"[{colour}]{tag}{escape(extra)}[/]  {escape(label)}: {escape(info)}", highlight=False)
+    out: dict[str, Any] = {"goal": label, "pass": bool(ok), "info": info}
+    if informational:
+        out["informational"] = informational
+    return out

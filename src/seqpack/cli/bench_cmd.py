@@ -1,8 +1,11 @@
 """`seqpack bench algorithms | prepare | stream`: measured comparisons (OWNER: bench helper).
 
-Each command checks ``--out`` first (created if missing; default ``./bench_results``), prints its tables
-and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there. Bad settings exit with code 2 and
-one readable line naming the option, before any work.
+Each command checks ``--out`` first (created if missing; default ``./bench_results``; an empty ``--out``
+is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there.
+Exit codes, as in ``seqpack train``: 2 for a bad option (one readable line naming it, before any work),
+1 for a data error found while running (``bench prepare``: a malformed file in the data folder),
+otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` relays the exit code
+of ``bench_stream.py``.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ def _int_list(text: str, key: str) -> list[int]:
     return vals
 
 
-def _out_dir(out: Path) -> Path:
-    """Create and check ``--out`` before any work (one-line error naming --out otherwise)."""
+def _out_dir(out: str) -> Path:
+    """Create and check ``--out`` before any work (one-line error naming --out otherwise).
+
+    ``--out`` is taken as text: typer would turn ``--out ""`` into ``Path(".")``, the current folder."""
     from seqpack.bench.timing import OutputDirError, ensure_out_dir
 
     try:
@@ -53,7 +58,9 @@ _ALGORITHMS_HELP = (
     "25 s.\n\n"
     "Results: algorithms.json, algorithms_time.png and algorithms_bins.png in --out (default ./bench_results). "
     "TRL wrapped cuts samples: it is marked \"(cuts samples)\" in the table and charts and is not a packing "
-    "result."
+    "result. Baselines not run (--max-bridge-n, --max-reference-n, not installed) are printed as \"skipped:\" "
+    "lines after the tables. --quick verdicts are informational: the goals are judged on the full run.\n\n"
+    "Exit codes: 2 bad option (before any work), otherwise 0 (MISS verdicts included)."
 )
 
 _PREPARE_HELP = (
@@ -61,7 +68,11 @@ _PREPARE_HELP = (
     "demo files (../shared/data) and a synthetic chat set.\n\n"
     "Full default (100,000 synthetic chats, 1 run, plus the 4 real demo files, 3 repeats): about 10 minutes on "
     "2 cores, TRL about 6 of them. --quick (2,000 synthetic chats, 1 repeat): about 25 s.\n\n"
-    "Results: prepare.json and prepare_time.png in --out (default ./bench_results)."
+    "Results: prepare.json and prepare_time.png in --out (default ./bench_results). After the table, a note "
+    "per data set whose samples or tokens differ between seqpack and TRL says why. --quick verdicts are "
+    "informational: the >= 2x goal is judged on the full run (100,000 records).\n\n"
+    "Exit codes: 2 bad option (--out, --shared-data, or a --seq-length that leaves nothing to pack), 1 data "
+    "error (a malformed file in the data folder, named), otherwise 0 (MISS verdicts included)."
 )
 
 _STREAM_HELP = (
@@ -70,7 +81,10 @@ _STREAM_HELP = (
     "Full default (1,000,000 lengths for throughput, 3 repeats; 500,000 per efficiency set): about 20 s on 2 "
     "cores. --quick (300,000 and 150,000, 2 repeats): about 10 s.\n\n"
     "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
-    "stream_throughput.png in --out (default ./bench_results)."
+    "stream_throughput.png in --out (default ./bench_results). With --quick its PASS/MISS lines are marked "
+    "\"(quick: informational)\": the goals are judged on the full run.\n\n"
+    "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own (0 done, MISS "
+    "included; 1 it failed; 2 it refused an argument)."
 )
 
 
@@ -80,25 +94,31 @@ def algorithms(
     repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
     capacity: int = typer.Option(4096, min=1, help="Tokens per pack."),
     max_reference_n: int = typer.Option(1_000_000, "--max-reference-n",
-                                        help="Largest n for LLaMA-Factory's O(n^2) greedy knapsack."),
+                                        help="Largest n for LLaMA-Factory's O(n^2) greedy knapsack (>= 0; 0 = "
+                                             "never run it)."),
     max_bridge_n: int = typer.Option(100_000, "--max-bridge-n",
-                                     help="Largest n for Megatron-Bridge's O(n * packs) first fit."),
+                                     help="Largest n for Megatron-Bridge's O(n * packs) first fit (>= 0; 0 = never "
+                                          "run it)."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
     quick: bool = typer.Option(False, "--quick",
                                help="20,000 lengths, at most 2 repeats, every program (replaces --sizes): "
                                     "about 25 s on 2 cores."),
-    out: Path = typer.Option(Path("bench_results"), "--out",
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
-                                  "(created if missing)."),
+                                  "(created if missing; not empty)."),
 ) -> None:
     """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack.bench.algorithms.run_algorithms`."""
     from seqpack.bench.algorithms import QUICK_SIZES, run_algorithms
 
     ns = list(QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
-    out = _out_dir(out)
-    run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out,
-                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl)
-    print(f"wrote {out / 'algorithms.json'}, {out / 'algorithms_time.png'}, {out / 'algorithms_bins.png'}")
+    for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n)):
+        if val < 0:
+            _fail(f"{key} must be >= 0 (0 = never run that baseline); got {val}")
+    out_dir = _out_dir(out)
+    run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
+                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl, quick=quick)
+    print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
+          f"{out_dir / 'algorithms_bins.png'}")
 
 
 @bench_app.command("prepare", help=_PREPARE_HELP)
@@ -116,11 +136,11 @@ def prepare(
     quick: bool = typer.Option(False, "--quick",
                                help="2,000 synthetic records (unless --records is given) plus the real files, "
                                     "1 repeat: about 25 s on 2 cores."),
-    out: Path = typer.Option(Path("bench_results"), "--out",
-                             help="Folder for prepare.json and prepare_time.png (created if missing)."),
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
+                             help="Folder for prepare.json and prepare_time.png (created if missing; not empty)."),
 ) -> None:
     """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack.bench.prepare.run_prepare`."""
-    from seqpack.bench.prepare import check_shared_data, run_prepare
+    from seqpack.bench.prepare import PrepareDataError, PrepareOptionError, check_shared_data, run_prepare
 
     if shared_data is not None:  # named explicitly: it must be there
         try:
@@ -131,13 +151,15 @@ def prepare(
         shared_data = _repo_root().parent / "shared" / "data"
     if quick:
         records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
-    out = _out_dir(out)
+    out_dir = _out_dir(out)
     try:
         run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
-                    synthetic_repeats=synthetic_repeats, out_dir=out, trl=not no_trl)
-    except ValueError as exc:  # nothing to run / bad settings
+                    synthetic_repeats=synthetic_repeats, out_dir=out_dir, trl=not no_trl, quick=quick)
+    except PrepareOptionError as exc:  # nothing to run / nothing left to pack at --seq-length
         _fail(str(exc), 2)
-    print(f"wrote {out / 'prepare.json'}, {out / 'prepare_time.png'}")
+    except PrepareDataError as exc:  # a malformed or unreadable data file (named in the message)
+        _fail(str(exc), 1)
+    print(f"wrote {out_dir / 'prepare.json'}, {out_dir / 'prepare_time.png'}")
 
 
 @bench_app.command("stream", help=_STREAM_HELP)
@@ -147,20 +169,23 @@ def stream(
                                     "efficiency set, 2 repeats): about 10 s on 2 cores."),
     script: Optional[Path] = typer.Option(None, "--script",
                                           help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
-    out: Path = typer.Option(Path("bench_results"), "--out",
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
-                                  "(created if missing)."),
+                                  "(created if missing; not empty)."),
 ) -> None:
     """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack.bench.stream.run_stream`."""
     from seqpack.bench.stream import default_script, run_stream
 
+    if script is not None and script.is_dir():
+        _fail(f"--script {script}: this is a folder, not a file; pass --script PATH of the bench_stream.py file, or "
+              f"leave it out to run {default_script()}", 2)
     if script is not None and not script.is_file():
         _fail(f"--script {script}: file not found; pass --script PATH of bench_stream.py, or leave it out to run "
               f"{default_script()}", 2)
     if script is None and not default_script().is_file():
         _fail(f"streaming benchmark not found at {default_script()} (it ships in the source tree, not in the wheel); "
               "run from a source checkout or pass --script PATH", 2)
-    out = _out_dir(out)
-    res = run_stream(quick=quick, script=script, out_dir=out)
-    print("wrote " + ", ".join(str(out / n) for n in ["stream.json", *res["charts"]]))
+    out_dir = _out_dir(out)
+    res = run_stream(quick=quick, script=script, out_dir=out_dir)
+    print("wrote " + ", ".join(str(out_dir / n) for n in ["stream.json", *res["charts"]]))
     raise typer.Exit(res["returncode"])
