@@ -40,7 +40,11 @@ def test_plan_steps_places_every_sample_once():
 def test_all_modes_same_loss_curve_on_same_samples(tmp_path):
     samples = synthetic_samples(80, vocab_size=300, seed=0, median=25, max_length=100)
     cfg = TrainConfig(steps=4, seq_length=128, out_dir=str(tmp_path), warmup_steps=1, **TINY)
-    res = run_training(samples, cfg, pad_token_id=0, log=lambda _m: None)
+    logs = []
+    res = run_training(samples, cfg, pad_token_id=0, log=logs.append)
+    # every file written is said, not only train.json
+    assert [ln for ln in logs if ln.startswith("wrote ")] == [
+        f"wrote {tmp_path / f}" for f in ("train.json", "train_loss.png", "train_throughput.png")]
     modes = res["modes"]
     assert set(modes) == {"padded", "packed", "in_batch", "streaming", "padded_stream"}
     for name in ("packed", "in_batch"):
@@ -94,15 +98,21 @@ def test_cli_train_on_a_data_file(tmp_path, qwen3_tokenizer):
 
 def test_gpu_run_sh_dry_run(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
-    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu" / "run.sh"), "--dry-run", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu" / "run.sh"), "--dry-run", "--attn", "flash_attention_2",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    # --attn is not silently dropped on a dry run: a note, and gpu.json records what was asked
+    assert "note: --attn flash_attention_2 is not used: the dry run always uses sdpa on CPU" in p.stdout
+    # every file written is printed
+    for name in ("train.json", "train_loss.png", "train_throughput.png", "gpu.json"):
+        assert f"wrote {tmp_path / name}" in p.stdout and (tmp_path / name).is_file()
     assert "speed-up packed/padded" in p.stdout and "PASS  max loss delta < 1e-3" in p.stdout
     # no PASS/MISS for speed on a CPU dry run (the 2x goal is for the GPU run), but the loss goal is checked
     assert "n/a on CPU dry run (the 2x goal is for the GPU run)" in p.stdout
     assert "MISS  speed-up" not in p.stdout and "PASS  speed-up" not in p.stdout
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["device"] == "cpu (dry run)" and res["steps"] == 3
+    assert res["attn_requested"] == "flash_attention_2" and res["attn_implementation"] == "sdpa"
     assert res["max_loss_delta"] < 1e-4 and res["speedup"] > 0 and res["ideal_ratio"] >= 1.0
     assert res["goals"] == {"speedup_ge_2x": None, "max_loss_delta_lt_1e-3": True}
     assert res["model"]["parameters"] == 205_184  # the dry run's tiny config, counted
@@ -132,6 +142,10 @@ runpy.run_path({str(REPO / "benchmarks" / "gpu" / "bench_gpu.py")!r}, run_name="
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["steps"] == 2 and res["max_loss_delta"] < 1e-4 and res["goals"]["speedup_ge_2x"] is None
+    # 2 steps - 1 warm-up: no speed verdict, and the fix names bench_gpu.py's own option (it has no warm-up option)
+    out = " ".join(p.stdout.split())
+    assert "not enough timed steps for a speed verdict (1 after 1 warm-up; need >= 3: raise --steps)" in out
+    assert "warmup_steps" not in out
 
 
 def _padded_over_real(lengths, batches):
@@ -179,6 +193,10 @@ def test_local_weights_folder_is_trained_without_vocab_compaction(tmp_path):
     res = run_training(s, cfg, pad_token_id=0, log=lambda _m: None)
     assert res["data"]["vocab_size"] is None  # the model's own vocabulary
     assert res["modes"]["packed"]["max_abs_loss_delta"] < 1e-4
+    # ids from another tokenizer: one error naming the model, not an IndexError from the embedding
+    big = synthetic_samples(20, vocab_size=1000, seed=4, median=30, max_length=100)
+    with pytest.raises(ValueError, match=r"past the model's 300 embedding rows \(model "):
+        run_training(big, cfg, pad_token_id=0, log=lambda _m: None)
 
 
 # ------------------------------------------------------------------------------ newcomer-tester findings
@@ -200,10 +218,12 @@ def _invoke(args):
 
 
 def _one_line(r):
-    # the error is one line (rich may soft-wrap nothing: soft_wrap=True in fail())
-    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, r.output
-    return lines[0]
+    # the error is one line (rich may soft-wrap nothing: soft_wrap=True in fail()) and the last output: a library
+    # message with embedded line breaks would leave continuation lines after it
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    errors = [k for k, ln in enumerate(lines) if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == len(lines) - 1, r.output
+    return lines[-1]
 
 
 def _chat_file(path, n, *, answer_words=3):
@@ -303,8 +323,6 @@ def test_bad_data_files_are_one_line_errors_with_the_record(tmp_path, qwen3_toke
     unknown.write_text(json.dumps([{"foo": 1}]))
     r = _invoke(["--data", str(unknown), "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "unknown.json, record 0" in _one_line(r) and "unknown record format" in _one_line(r)
-    r = _invoke(["--data", str(unknown), "--tokenizer", str(tmp_path / "no-tok"), "--out", str(tmp_path / "o")])
-    assert r.exit_code == 1 and _one_line(r).startswith("error: --tokenizer:")
     assert fake_training[0] == []
 
 
@@ -360,17 +378,18 @@ def test_flash_attention_without_flash_attn_names_attn(monkeypatch):
         check_runtime(TrainConfig(device="cuda:1"), option_names=CLI_OPTION_NAMES)
 
 
-def test_loss_check_failure_exits_1_speed_miss_exits_0(tmp_path, fake_training):
+def test_loss_check_failure_exits_1_speed_miss_exits_0(tmp_path, fake_training, qwen3_tokenizer):
     r = _invoke(["--tolerance", "-1", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "--tolerance" in r.output  # a negative tolerance is refused
     calls, goals = fake_training
+    data = str(_chat_file(tmp_path / "d.jsonl", 4))
     goals[:] = [{"goal": "packed: speed-up >= 90% of ideal", "pass": False, "info": "1.1x", "kind": "speed"}]
-    r = _invoke(["--out", str(tmp_path)])
+    r = _invoke(["--data", data, "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output  # speed verdicts are informational
     goals.append({"goal": "packed: loss curve = padded within 0.001", "pass": False, "info": "max |delta| 2e-2",
                   "kind": "loss"})
-    r = _invoke(["--out", str(tmp_path)])
-    assert r.exit_code == 1 and "wrote" in r.output
+    r = _invoke(["--data", data, "--out", str(tmp_path)])
+    assert r.exit_code == 1
     assert "1 loss-agreement check(s) failed" in _one_line(r) and "max |delta| 2e-2" in _one_line(r)
     assert len(calls) == 2
 
@@ -439,3 +458,149 @@ def test_gpu_model_size_is_the_measured_count():
     for path in (REPO / "benchmarks" / "gpu" / "run.sh", REPO / "benchmarks" / "gpu" / "bench_gpu.py"):
         text = path.read_text()
         assert "0.61B" in text and "613,208,064" in text and "0.5B" not in text
+
+
+# ------------------------------------------------------------------------------ second newcomer-tester round
+def test_one_line_collapses_library_line_breaks():
+    from seqpack.train import one_line
+
+    msg = "could not load: Couldn't instantiate from one of: \n(1) a file, \n(2) a slow one.. Fix: x"
+    assert one_line(ValueError(msg)) == "could not load: Couldn't instantiate from one of: (1) a file, (2) a slow one. Fix: x"
+    assert one_line("wait... ok") == "wait... ok"
+
+
+def test_model_folder_needs_config_weights_and_tokenizer_exit_2(tmp_path, monkeypatch, qwen3_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.train import CLI_OPTION_NAMES, check_runtime, tiny_config
+
+    _forbid_work(monkeypatch)
+    data = str(_chat_file(tmp_path / "d.jsonl", 3))
+    conf = tiny_config("llama", vocab_size=300, hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2,
+                       num_kv_heads=1)
+    no_weights = tmp_path / "no_weights"  # config.json + tokenizer files, no weights (the tester's folder)
+    conf.save_pretrained(no_weights)
+    qwen3_tokenizer.save_pretrained(no_weights)
+    (tmp_path / "empty").mkdir()
+    for folder, missing in ((no_weights, "no weights (model.safetensors, pytorch_model.bin or a *.index.json"),
+                            (tmp_path / "empty", "no config.json and no weights")):
+        r = _invoke(["--model", str(folder), "--data", data, "--out", str(tmp_path / "o")])
+        assert r.exit_code == 2
+        assert _one_line(r).startswith(f"error: --model: the folder {folder} has {missing}"), r.output
+    # a sharded checkpoint (shard index) is a checkpoint: the folder check passes
+    (no_weights / "model.safetensors.index.json").write_text("{}")
+    check_runtime(TrainConfig(model=str(no_weights)), option_names=CLI_OPTION_NAMES)
+    # weights but no tokenizer: the library's multi-line message comes out on one line, naming --model and --tokenizer
+    AutoModelForCausalLM.from_config(conf).save_pretrained(tmp_path / "no_tok")
+    r = _invoke(["--model", str(tmp_path / "no_tok"), "--data", data, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2
+    assert _one_line(r).startswith(f"error: --model: the folder {tmp_path / 'no_tok'} has no usable tokenizer and no "
+                                   "--tokenizer is given (pass --tokenizer qwen3")
+    # a tokenizer bigger than the model's vocabulary would index past the embedding
+    r = _invoke(["--model", str(tmp_path / "no_tok"), "--tokenizer", "qwen3", "--data", data, "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--tokenizer qwen3 has 151,669 tokens but --model" in _one_line(r)
+    assert "vocabulary of 300" in _one_line(r)
+
+
+def test_algorithm_and_tokenizer_are_option_errors_before_data(tmp_path, monkeypatch):
+    _forbid_work(monkeypatch)
+    data = str(_chat_file(tmp_path / "d.jsonl", 3))
+    r = _invoke(["--algorithm", "bogus", "--data", data, "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    line = _one_line(r)
+    assert line.startswith("error: --algorithm: unknown packing algorithm 'bogus'; choose one of: ")
+    assert "first_fit_shuffle" in line and "balanced_best_fit" in line
+    r = _invoke(["--tokenizer", str(tmp_path / "no-tok"), "--data", data, "--out", str(tmp_path)])
+    assert r.exit_code == 2 and _one_line(r).startswith("error: --tokenizer:")
+    with pytest.raises(ValueError, match="^algorithm: unknown packing algorithm"):
+        TrainConfig(algorithm="bogus")
+    assert TrainConfig(algorithm=None).algorithm is None  # None = the library default
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hidden-size", "9"], "error: --hidden-size 9 is not a multiple of --num-heads 4 (head size = --hidden-size / "
+                             "--num-heads). Fix: --hidden-size 8 or 16"),
+    (["--hidden-size", "36"], "error: --hidden-size 36 gives an odd head size 9 (rotary embeddings need an even one) "
+                              "with --num-heads 4"),
+    (["--num-kv-heads", "3"], "error: --num-heads 4 is not a multiple of --num-kv-heads 3"),
+    (["--seq-length", "100000000"], "error: --seq-length must be <= 16777216"),
+    (["--tolerance", "inf"], "error: --tolerance must be a finite number >= 0"),
+    (["--lr", "0"], "error: --lr must be a finite number > 0, got 0.0"),
+    (["--lr", "nan"], "error: --lr must be a finite number > 0, got nan"),
+])
+def test_bad_values_are_option_errors_naming_the_option(argv, message, tmp_path, monkeypatch):
+    _forbid_work(monkeypatch)
+    r = _invoke([*argv, "--out", str(tmp_path)])
+    assert r.exit_code == 2 and _one_line(r).startswith(message), r.output
+    assert "pad_to_multiple_of" not in r.output  # train has no such option
+
+
+def test_shape_and_bounds_in_train_config():
+    from seqpack.algorithms.core import MAX_CAPACITY_UNITS
+    from seqpack.train import MAX_SEQ_LENGTH
+
+    assert MAX_SEQ_LENGTH == MAX_CAPACITY_UNITS  # the step plan packs at pad_to_multiple_of=1
+    TrainConfig(seq_length=MAX_SEQ_LENGTH)
+    with pytest.raises(ValueError, match=r"^seq_length must be <= 16777216"):
+        TrainConfig(seq_length=MAX_SEQ_LENGTH + 1)
+    with pytest.raises(ValueError, match=r"^loss_tolerance must be a finite number"):
+        TrainConfig(loss_tolerance=float("inf"))
+    with pytest.raises(ValueError, match=r"^hidden_size 30 is not a multiple of num_heads 4"):
+        TrainConfig(hidden_size=30)
+    TrainConfig(model="/some/folder", hidden_size=30)  # a local model brings its own shape: not checked
+
+
+def test_padded_alone_says_there_is_nothing_to_compare():
+    logs = []
+    s = synthetic_samples(6, vocab_size=60, seed=3, median=20, max_length=40)
+    res = run_training(s, TrainConfig(modes=("padded",), steps=1, seq_length=64, warmup_steps=0, out_dir=None,
+                                      **TINY), log=logs.append)
+    assert set(res["modes"]) == {"padded"} and res["goals"] == []
+    assert any(ln.startswith("note: modes padded alone trains only the baseline (unpacked, padded): no loss-agreement "
+                             "check and no speed-up") for ln in logs), logs
+
+
+def _train_help(name):
+    import typer
+
+    cmd = typer.main.get_command(_app()).commands["train"]
+    return next(p for p in cmd.params if p.name == name)
+
+
+def test_attn_help_and_checks_agree():
+    from seqpack.cli.train_cmd import ATTN_HELP
+    from seqpack.collate import HF_ATTN
+
+    assert set(ATTN_HELP) == set(HF_ATTN)  # what check_runtime accepts
+    help_text = _train_help("attn").help
+    assert all(name in help_text for name in HF_ATTN) and "flex_attention (CUDA only" in help_text
+
+
+def test_empty_out_is_refused(tmp_path, monkeypatch):
+    _forbid_work(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--out", ""], ["--out="], ["--out", "  "]):
+        r = _invoke(argv)
+        assert r.exit_code == 2 and _one_line(r).startswith("error: --out is empty"), r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_several_data_files_need_repeated_data(tmp_path, monkeypatch):
+    _forbid_work(monkeypatch)
+    a, b = _chat_file(tmp_path / "a.jsonl", 2), _chat_file(tmp_path / "b.jsonl", 2)
+    r = _invoke(["--data", str(a), str(b), "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    assert _one_line(r).startswith(f"error: unexpected argument(s) '{b}': seqpack train takes no positional")
+    assert "repeat --data for several files (--data a.jsonl --data b.jsonl)" in _one_line(r)
+    p = _train_help("data")
+    assert "repeat --data for several" in p.help and p.metavar == "FILE|GLOB"
+
+
+def test_glob_matching_only_folders_says_so(tmp_path):
+    (tmp_path / "sub" / "x").mkdir(parents=True)
+    (tmp_path / "sub" / "y").mkdir()
+    r = _invoke(["--data", str(tmp_path / "sub" / "*"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1
+    line = _one_line(r)
+    assert f"the glob '{tmp_path / 'sub' / '*'}' matched only folders ({tmp_path / 'sub' / 'x'}, " in line
+    assert f"'{tmp_path / 'sub' / '*'}/*.jsonl'" in line and "matches no file" not in line
