@@ -447,3 +447,228 @@ def test_cli_bench_help_states_quick_full_duration_and_where_results_go(command,
     text = " ".join(r.output.split())
     assert full in text and quick in text
     assert "in --out (default ./bench_results)" in text
+
+
+# --------------------------------------------------------------------------- second newcomer-tester round
+@pytest.mark.parametrize("out_args", [["--out", ""], ["--out="], ["--out", "  "]])
+@pytest.mark.parametrize("command", [["algorithms", "--sizes", "100", "--no-trl"],
+                                     ["prepare", "--records", "5", "--no-trl"], ["stream", "--quick"]])
+def test_cli_bench_empty_out_is_refused_not_the_current_folder(tmp_path, monkeypatch, command, out_args):
+    calls = {c: _forbid(monkeypatch, f"seqpack.bench.{c}", f"run_{c}") for c in ("algorithms", "prepare", "stream")}
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(_cli(), ["bench", *command, *out_args])
+    assert r.exit_code == 2, r.output
+    line = _one_line_error(r)
+    assert line.startswith("error: --out is empty (") and "--out bench_results" in line
+    assert calls[command[0]] == [] and list(tmp_path.iterdir()) == []  # nothing run, nothing written here
+
+
+def test_ensure_out_dir_refuses_empty_text(tmp_path):
+    from seqpack.bench.timing import OutputDirError, ensure_out_dir
+
+    for empty in ("", " "):
+        with pytest.raises(OutputDirError, match=r"^out_dir is empty"):
+            ensure_out_dir(empty, option="out_dir")
+    assert ensure_out_dir(str(tmp_path / "ok")).is_dir()
+
+
+def test_cli_bench_algorithms_prints_skipped_baselines_after_the_tables(tmp_path):
+    r = CliRunner().invoke(_cli(), ["bench", "algorithms", "--sizes", "1500", "--repeats", "1", "--no-trl",
+                                    "--max-bridge-n", "0", "--max-reference-n", "0", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "algorithms.json").read_text())
+    skip_lines = [ln for ln in r.output.splitlines() if ln.startswith("skipped: ")]
+    lf = f"llamafactory {ref.llamafactory_installed()} greedy_knapsack" if ref.llamafactory_installed() \
+        else ref.LLAMAFACTORY_NAME
+    assert f"skipped: {lf}, n=1,500: n > max_reference_n=0 (--max-reference-n; O(n^2) list.pop)" in skip_lines
+    assert len(skip_lines) == len(data["skipped"]) >= 1  # every recorded skip is on the console
+    bridge = ref.megatron_bridge_installed()
+    for algo in ref.BRIDGE_ALGORITHMS if bridge else ():
+        assert f"skipped: megatron-bridge {bridge} {algo}, n=1,500: n > max_bridge_n=0 (--max-bridge-n; " \
+               "O(n * packs) first fit)" in skip_lines
+    last_table_line = max(i for i, ln in enumerate(r.output.splitlines()) if ln.startswith("└"))
+    assert min(i for i, ln in enumerate(r.output.splitlines()) if ln.startswith("skipped: ")) > last_table_line
+    assert not any(lf in ln or "megatron" in ln for ln in r.output.splitlines() if ln.startswith("│"))
+
+
+@pytest.mark.parametrize("option", ["--max-bridge-n", "--max-reference-n"])
+def test_cli_bench_algorithms_negative_max_n_is_a_bad_option(tmp_path, monkeypatch, option):
+    calls = _forbid(monkeypatch, "seqpack.bench.algorithms", "run_algorithms")
+    r = CliRunner().invoke(_cli(), ["bench", "algorithms", "--sizes", "100", option, "-5", "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    assert _one_line_error(r) == f"error: {option} must be >= 0 (0 = never run that baseline); got -5"
+    assert calls == []
+    help_text = " ".join(CliRunner().invoke(_cli(), ["bench", "algorithms", "--help"], env={"COLUMNS": "200"})
+                         .output.split())
+    assert "(>= 0; 0 = never run it)" in help_text
+
+
+def test_run_algorithms_rejects_negative_max_n(tmp_path):
+    from seqpack.bench.algorithms import run_algorithms
+
+    with pytest.raises(ValueError, match=r"max_bridge_n must be >= 0"):
+        run_algorithms([100], repeats=1, out_dir=tmp_path, trl=False, max_bridge_n=-1, log=lambda _m: None)
+
+
+def _chat(turns: list[tuple[str, str]]) -> dict:
+    conv = []
+    for user, assistant in turns:
+        conv += [{"from": "human", "value": user}, {"from": "gpt", "value": assistant}]
+    return {"conversations": conv}
+
+
+@pytest.fixture(scope="module")
+def prepare_quick_run(tmp_path_factory):
+    """`bench prepare --quick` on a crafted FastChat-format file: 3 two-turn chats (1 empty think block each
+    that only TRL's template writes) and 1 chat whose first assistant turn lies past --seq-length 128
+    (seqpack drops it: no trainable token; TRL keeps its first 128 tokens)."""
+    if not ref.trl_available():
+        pytest.skip("trl/datasets not importable")
+    root = tmp_path_factory.mktemp("prep")
+    (root / "data" / "fastchat").mkdir(parents=True)
+    recs = [_chat([(f"Hello number {i}.", f"Hi {i}, how can I help?"), ("Tell me a fact.", "Water boils at 100 C.")])
+            for i in range(3)]
+    recs.append(_chat([(" ".join(["word"] * 300), "Too late to be seen."), ("And now?", "Still cut.")]))
+    (root / "data" / "fastchat" / "dummy_conversation.json").write_text(json.dumps(recs))
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--quick", "--records", "0", "--seq-length", "128",
+                                    "--shared-data", str(root / "data"), "--out", str(root / "out")])
+    assert r.exit_code == 0, r.output
+    return r.output, json.loads((root / "out" / "prepare.json").read_text())
+
+
+def test_cli_bench_prepare_notes_why_samples_and_tokens_differ(prepare_quick_run):
+    output, data = prepare_quick_run
+    (entry,) = data["datasets"]
+    c = entry["comparison"]
+    assert c["samples"] == {"seqpack": 3, "trl": 4}
+    assert c["seqpack_report"]["dropped"] == {"no_trainable_tokens": 1}
+    assert c["trl_samples_at_seq_length"] == 1 and c["trl_samples_without_trainable_tokens"] == 1
+    # seqpack: a think block in each last turn (3); TRL: in every assistant turn (6), none in the cut record's 128
+    assert c["think_blocks"] == {"seqpack": 3, "trl": 6} and c["think_block_tokens"] == 12
+    assert c["tokens"]["trl"] - c["tokens"]["seqpack"] == 12 + 128  # think blocks + the record only TRL keeps
+    lines = [ln for ln in output.splitlines() if ln.startswith("note: dummy_conversation.json")]
+    assert lines == c["notes"] and len(lines) == 2
+    assert lines[0].startswith("note: dummy_conversation.json: samples differ: seqpack 3, TRL 4; seqpack's report: "
+                               "dropped 1 (no_trainable_tokens: 1) (e.g. dummy_conversation.json:3: truncated from")
+    assert "with no trainable token: 1" in lines[0]
+    assert lines[1] == (f"note: dummy_conversation.json: tokens differ: seqpack {c['tokens']['seqpack']:,}, TRL "
+                        f"{c['tokens']['trl']:,} (+140); empty think blocks: seqpack 3, TRL 6 = +12 tokens; the "
+                        "other +128 are in the samples TRL keeps and seqpack drops")
+    assert "note: why tokens differ: TRL's qwen3_training.jinja" in output and data["notes"][:2] == lines
+    assert output.index("note: dummy_conversation.json") > output.index("prepare: tokenize + pack + write")
+
+
+def test_cli_bench_prepare_quick_verdicts_are_informational(prepare_quick_run):
+    output, data = prepare_quick_run
+    (goal,) = data["goals"]
+    assert goal["informational"] == "quick: informational" and data["quick"] is True
+    tag = "PASS" if goal["pass"] else "MISS"
+    assert f"{tag} (quick: informational)  fastchat/dummy_conversation.json: seqpack >= 2x" in output
+    note = [ln for ln in output.splitlines() if ln.startswith("note: --quick verdicts are informational")]
+    assert len(note) == 1 and "judged on the full run (`seqpack bench prepare`: 100,000 synthetic records" in note[0]
+
+
+def test_run_algorithms_quick_verdicts_are_informational(tmp_path, capsys):
+    from seqpack.bench.algorithms import QUICK_NOTE, run_algorithms
+
+    data = run_algorithms([1500], repeats=1, out_dir=tmp_path, trl=False, max_bridge_n=0, quick=True,
+                          log=lambda _m: None)
+    out = capsys.readouterr().out
+    assert data["goals"] and all(g["informational"] == "quick: informational" for g in data["goals"])
+    assert "(quick: informational)  n=1,500: seqpack default packs <= LLaMA-Factory" in out
+    assert QUICK_NOTE in out and "100,000 and 1,000,000 lengths" in QUICK_NOTE
+    full = run_algorithms([1500], repeats=1, out_dir=tmp_path, trl=False, max_bridge_n=0, log=lambda _m: None)
+    assert all("informational" not in g for g in full["goals"])
+
+
+def test_stream_quick_labels_verdict_lines_informational(tmp_path, capsys):
+    from seqpack.bench.stream import QUICK_NOTE, run_stream
+
+    script = tmp_path / "fake.py"
+    script.write_text("print('  goal >= 1,000,000 samples/s: MISS')\nprint('other line')\n")
+    run_stream(quick=True, script=script, out_dir=tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["  goal >= 1,000,000 samples/s: MISS (quick: informational)", "other line"]
+    assert QUICK_NOTE in out
+
+
+def test_cli_bench_prepare_malformed_data_file_exits_1_naming_it(tmp_path):
+    shared = _fake_shared(tmp_path / "data", ("identity.json",))
+    bad = shared / "llama-factory" / "identity.json"
+    bad.write_text('[{"instruction": "hi", "output": "ok"},\n{"instruction": ')  # cut mid-record
+    r = CliRunner().invoke(_cli(), ["bench", "prepare", "--shared-data", str(shared), "--records", "0", "--no-trl",
+                                    "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output  # a data error, as in `seqpack train`; 2 is for a bad option
+    line = _one_line_error(r)
+    assert str(bad) in line and line.startswith("error: seqpack could not prepare")
+
+
+@pytest.mark.skipif(not ref.trl_available(), reason="trl/datasets not importable")
+def test_trl_path_data_error_is_a_prepare_data_error(tmp_path, qwen3_tokenizer):
+    from seqpack.bench.prepare import PrepareDataError, trl_prepare_and_pack
+
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{not json\n')
+    with pytest.raises(PrepareDataError, match=r"TRL path could not read .*x\.jsonl"):
+        trl_prepare_and_pack(f, qwen3_tokenizer, 256, tmp_path / "o.parquet")
+    f.write_text('{"text": "no instruction, conversations or messages"}\n')
+    with pytest.raises(PrepareDataError, match=r"record 0 of .*x\.jsonl"):
+        trl_prepare_and_pack(f, qwen3_tokenizer, 256, tmp_path / "o.parquet")
+
+
+@pytest.mark.parametrize("command,codes", [
+    ("algorithms", "Exit codes: 2 bad option (before any work), otherwise 0"),
+    ("prepare", "Exit codes: 2 bad option (--out, --shared-data, or a --seq-length that leaves nothing to pack), "
+                "1 data error"),
+    ("stream", "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own"),
+])
+def test_cli_bench_help_states_exit_codes(command, codes):
+    r = CliRunner().invoke(_cli(), ["bench", command, "--help"], env={"COLUMNS": "200"})
+    assert codes in " ".join(r.output.split())
+
+
+def test_cli_bench_stream_script_folder_says_folder(tmp_path, monkeypatch):
+    calls = _forbid(monkeypatch, "seqpack.bench.stream", "run_stream")
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    line = _one_line_error(r)
+    assert line.startswith(f"error: --script {tmp_path}: this is a folder, not a file") and "file not found" not in line
+    assert calls == []
+
+
+def test_bar_chart_with_many_bars_is_horizontal_and_grows_in_height(tmp_path):
+    from PIL import Image
+
+    from seqpack.bench.timing import bar_chart
+
+    def size(n):
+        labels = [f"megatron-bridge 0.3.1 first_fit_shuffle, n={i:,}" for i in range(n)]
+        p = bar_chart(tmp_path / f"b{n}.png", labels, [10.0 ** (i % 4) for i in range(n)], title="t", ylabel="s",
+                      log=True, annotate=[str(i) for i in range(n)])
+        with Image.open(p) as im:
+            return im.size
+
+    w8, h8 = size(8)
+    w16, h16 = size(16)
+    assert w16 == w8 and w16 < 1200  # width set by the labels, not by the number of bars
+    assert h16 > h8 + 200 and h16 > 16 * 25  # about 0.3 inch (33 px) of height per bar
+    w3, h3 = size(3)
+    assert h3 == 440  # few bars: vertical columns as before (4 inches at 110 dpi)
+
+
+@pytest.mark.skipif(not ref.trl_available(), reason="trl/datasets not importable")
+def test_trl_conversion_renders_glaive_tool_calls_like_seqpack(shared_data, qwen3_tokenizer):
+    # the TRL path must render function calls as <tool_call> blocks and tools as {"type": "function", ...}
+    # schemas, as seqpack does: apart from empty think blocks, both sides give the same text
+    from seqpack.bench.prepare import _read_records, _to_chatml, _trl_training_template
+    from seqpack.data import prepare
+
+    path = shared_data / "llama-factory" / "glaive_toolcall_en_demo.json"
+    samples, _ = prepare([path], qwen3_tokenizer, seq_length=100_000)
+    think = "<think>\n\n</think>\n\n"
+    template = _trl_training_template()
+    for rec, s in list(zip(_read_records(path), samples))[:40]:
+        r = _to_chatml(rec)
+        trl_text = qwen3_tokenizer.apply_chat_template(r["messages"], tools=r["tools"], chat_template=template,
+                                                       tokenize=False)
+        assert trl_text.replace(think, "") == qwen3_tokenizer.decode(s.input_ids.tolist()).replace(think, "")

@@ -421,8 +421,8 @@ def compare_sides(entry: dict[str, Any], *, seq_length: int, seqpack_dir: Path, 
         notes.append(line)
     diff = tr["tokens"] - sp["tokens"]
     if diff:
-        line = (f"note: {short}: tokens differ: seqpack {sp['tokens']:,}, TRL {tr['tokens']:,} ({diff:+,}); empty think "
-                f"blocks: seqpack {think['seqpack']:,}, TRL {think['trl']:,} = {think_tokens:+,} tokens")
+        line = (f"note: {short}: tokens differ: seqpack {sp['tokens']:,}, TRL {tr['tokens']:,} ({diff:+,}); "
+                f"empty think blocks: seqpack {think['seqpack']:,}, TRL {think['trl']:,} = {think_tokens:+,} tokens")
         rest = diff - think_tokens
         if rest and tr["samples"] > sp["samples"]:
             line += f"; the other {rest:+,} are in the samples TRL keeps and seqpack drops"

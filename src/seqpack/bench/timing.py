@@ -335,7 +335,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def verdict(label: str, ok: bool, info: str, console: Any = None, *, informational: str | None = None) -> dict[str, Any]:
+def verdict(label: str, ok: bool, info: str, console: Any = None, *,
+            informational: str | None = None) -> dict[str, Any]:
     """Print ``PASS``/``MISS`` for a goal and return it as a dict (``goal``, ``pass``, ``info``).
 
     Args:
