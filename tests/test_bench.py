@@ -162,9 +162,15 @@ def test_bench_prepare_tiny_real_and_synthetic(tmp_path, shared_data, qwen3_toke
     sub.mkdir(parents=True)
     (sub / "identity.json").write_bytes((shared_data / "llama-factory" / "identity.json").read_bytes())
     use_trl = ref.trl_available()
+    logs: list[str] = []
     data = run_prepare(shared_data=tmp_path / "data", records=120, seq_length=1024, repeats=1,
-                       out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer, trl=use_trl, log=lambda _m: None)
+                       out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer, trl=use_trl, log=logs.append)
     on_disk = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    # one untimed warm-up of each program before the first timed run (one-time costs not charged to it)
+    first_timed = next(i for i, m in enumerate(logs) if m.endswith("seqpack x1"))
+    assert any(m.startswith("warm-up (untimed)") for m in logs[:first_timed])
+    assert not any(m.startswith("note: warm-up skipped") for m in logs)
+    assert on_disk["warmup"].startswith("50 synthetic chats")
     assert on_disk["benchmark"] == "prepare" and [e["dataset"] for e in on_disk["datasets"]] == [
         "llama-factory/identity.json", "synthetic_chat (120 records)"]
     ident, syn = data["datasets"]
