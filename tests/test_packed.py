@@ -193,6 +193,19 @@ def test_explicit_final_target_B12_is_allowed_and_media_order():
     assert p.sample_ids == ["trunc", "b", "c"]
 
 
+def test_B12_hf_unshifted_labels_drops_final_target_without_padding_slot():
+    # multiple 1: the final target 99 sits on segment 0's last physical slot; in the unshifted layout it
+    # would land on segment 1's first slot, which must stay -100 (case B03), so that one target is dropped
+    p = build_packed_sequence([mk([1, 2, 3], "trunc", final_target=99), mk([4, 5], "b")], pad_token_id=PAD,
+                              seq_length=5, pad_to_max_length=True)
+    assert p.labels.tolist() == [2, 3, 99, 5, IGN]
+    assert p.hf_unshifted_labels().tolist() == [IGN, 2, 3, IGN, 5]
+    # static boundary arrays (num_segments < len(cu_seqlens) - 1) give the same labels
+    s = pad_cu_seqlens(p, 4)
+    assert s.cu_seqlens_padded.tolist() == [0, 3, 5, 5, 5, 5] and s.num_segments == 2
+    assert s.hf_unshifted_labels().tolist() == [IGN, 2, 3, IGN, 5]
+
+
 def test_prompt_tokens_masked_and_B04_real_length_from_metadata():
     eos = 2  # pad id == EOS id: the real length must not be found by scanning for it
     s = mk([7, 8, eos, 9, 10, eos], "chat", trainable=[0, 0, 0, 1, 1, 1])

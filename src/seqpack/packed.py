@@ -321,14 +321,13 @@ class PackedSequence:
             int64 [T]; -100 at every segment's first slot (so no segment learns from the previous
             one, case B03). An explicit final target (case B12) survives only when the segment has
             a padding slot after its last real token; otherwise the unshifted convention has no slot
-            for it and it is dropped.
+            for it and it is dropped (:func:`seqpack.interop._labels.unshift_per_segment` with
+            ``final_target="drop"``, the conversion the exporters use).
         """
-        lab = np.asarray(self.labels, dtype=np.int64)
-        hf = np.full(lab.shape[0], IGNORE_INDEX, dtype=np.int64)
-        hf[1:] = lab[:-1]
-        _, cup = self.real_boundaries()
-        hf[cup[:-1].astype(np.int64)] = IGNORE_INDEX
-        return hf
+        from seqpack.interop._labels import unshift_per_segment
+
+        cu, cup = self.real_boundaries()
+        return unshift_per_segment(self.labels, cu, cup, final_target="drop")
 
     # ------------------------------------------------------------------ validation
     def validate(
