@@ -283,16 +283,20 @@ def test_unwritable_out_fails_before_any_work(tmp_path, monkeypatch, capsys):
     assert "speed-up" not in p.stdout  # nothing ran
     with pytest.raises(SystemExit) as ex:
         _bench_gpu().main(["--dry-run", "--out", str(bad)])
-    assert ex.value.code == 2 and "--out: cannot create or write" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the shared check (seqpack.bench.timing.ensure_out_dir) names the blocking file
+    assert ex.value.code == 2 and f"error: --out {bad}: cannot create this folder ({bad.parent} is a file" in err
 
 
 def test_out_dir_is_created_before_training(tmp_path):
-    from seqpack.train import check_out_dir
+    from seqpack.train import CLI_OPTION_NAMES, check_out_dir
 
     assert check_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
-    assert check_out_dir(None) is None
+    assert check_out_dir(None) is None and check_out_dir("") is None  # nothing is written
+    with pytest.raises(ValueError, match=r"^--out is empty \('  '\)"):
+        check_out_dir("  ", option_names=CLI_OPTION_NAMES)
     (tmp_path / "f").write_text("")
-    with pytest.raises(ValueError, match="out_dir: cannot create or write"):
+    with pytest.raises(ValueError, match=r"^out_dir .*f/x: cannot create this folder \(.*f is a file, not a folder\); "
+                                         r"pass out_dir with a writable folder"):
         run_training(synthetic_samples(4, vocab_size=50, median=10, max_length=20),
                      TrainConfig(out_dir=str(tmp_path / "f" / "x"), seq_length=64, **TINY))
 

@@ -42,7 +42,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -68,18 +67,6 @@ def _int_at_least(low: int):
         return value
 
     return parse
-
-
-def _writable_dir(path: str) -> str | None:
-    """Create ``path`` and write a probe file in it; returns the problem, or ``None`` when it is fine."""
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".bench-gpu-write-check-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        return f"{exc.strerror or type(exc).__name__}: {exc.filename or path}"
-    return None
 
 
 def count_parameters(size: dict, vocab: int) -> int:
@@ -108,10 +95,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_results",
                     help="folder for gpu.json + PNGs (created and checked before any work)")
     args = ap.parse_args(argv)
-    problem = _writable_dir(args.out)
-    if problem:
-        ap.error(f"--out: cannot create or write the folder {args.out!r} ({problem}); pass a writable folder, "
-                 "e.g. --out gpu_results")
+    from seqpack.bench.timing import OutputDirError, ensure_out_dir  # stdlib only: checked before torch loads
+
+    try:
+        ensure_out_dir(args.out, option="--out")
+    except OutputDirError as exc:
+        ap.error(str(exc))
 
     import torch
 

@@ -68,7 +68,6 @@ import glob as _glob
 import math
 import os
 import re
-import tempfile
 import time
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
@@ -546,28 +545,23 @@ def check_runtime(cfg: TrainConfig, *, option_names: dict[str, str] | None = Non
 def check_out_dir(out_dir: str | os.PathLike | None, *, option_names: dict[str, str] | None = None) -> Path | None:
     """Create ``out_dir`` (parents included) and check that a file can be written in it.
 
-    Done before any work, so a bad folder fails at once instead of after the run.
+    Done before any work, so a bad folder fails at once instead of after the run. The check itself is
+    :func:`seqpack.bench.timing.ensure_out_dir` (shared with the benchmarks); this adds the ``None`` case
+    and names the field through ``option_names``.
 
     Returns:
-        the folder as a ``Path`` (``None`` when ``out_dir`` is ``None`` or empty: nothing is written).
+        the folder as a ``Path`` (``None`` when ``out_dir`` is ``None`` or ``""``: nothing is written).
 
     Raises:
-        ValueError: the folder cannot be created or written (names the field, the OS reason and the fix).
+        ValueError: (``seqpack.bench.timing.OutputDirError``) ``out_dir`` is blank, a file, below a file, or
+            cannot be created or written; names the field (``out_dir``, or ``--out`` with
+            :data:`CLI_OPTION_NAMES`), the path, the reason and the fix.
     """
     if not out_dir:
         return None
-    n = _namer(option_names)
-    path = Path(out_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".seqpack-write-check-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ValueError(f"{n('out_dir')}: cannot create or write the folder {str(path)!r} "
-                         f"({exc.strerror or type(exc).__name__}: {exc.filename or path}). "
-                         f"Fix: pass a writable folder, e.g. {n('out_dir')} bench_results") from None
-    return path
+    from seqpack.bench.timing import ensure_out_dir
+
+    return ensure_out_dir(out_dir, option=_namer(option_names)("out_dir"))
 
 
 def expand_data_paths(data: Sequence[str | os.PathLike], *, option_names: dict[str, str] | None = None) -> list[Path]:

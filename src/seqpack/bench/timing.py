@@ -88,7 +88,8 @@ def ensure_out_dir(path: str | os.PathLike, *, option: str = "--out") -> Path:
     """Create the output folder ``path`` (with parents) and check that a file can be written in it.
 
     Every benchmark calls this **before** it measures anything, so a bad folder fails in one line
-    instead of a traceback after minutes of work.
+    instead of a traceback after minutes of work. It is the one output-folder check of the project:
+    ``seqpack.train.check_out_dir`` (``seqpack train``) and ``benchmarks/gpu/bench_gpu.py`` call it too.
 
     Args:
         path: the folder for the JSON and PNG files.
@@ -107,9 +108,9 @@ def ensure_out_dir(path: str | os.PathLike, *, option: str = "--out") -> Path:
     """
     if isinstance(path, (str, bytes)) and not path.strip():
         raise OutputDirError(f"{option} is empty ({path!r}); pass the folder for the results, e.g. {option} "
-                             "bench_results, or leave the option out (default ./bench_results)")
+                             "bench_results, or leave the option out for its default folder")
     p = Path(path)
-    fix = f"pass {option} with a folder you can write (it is created if missing)"
+    fix = f"pass {option} with a writable folder (it is created if missing)"
     if p.exists() and not p.is_dir():
         raise OutputDirError(f"{option} {p}: this is a file, not a folder; {fix}")
     try:
