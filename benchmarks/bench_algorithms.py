@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
@@ -30,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already s
 import numpy as np  # noqa: E402
 
 from _argtypes import comma_choices, positive_int  # noqa: E402
+
+from seqpack.bench.timing import timed  # noqa: E402 - medians of wall and CPU seconds of repeats
 
 from seqpack.algorithms import (  # noqa: E402
     DEFAULT_ALGORITHM,
@@ -70,17 +70,6 @@ def instances(n, seed=0):
     return out
 
 
-def timed(fn, repeats):
-    """(result, median wall seconds, median CPU seconds of this process)."""
-    ts, cs, res = [], [], None
-    for _ in range(repeats):
-        c0, t0 = time.process_time(), time.perf_counter()
-        res = fn()
-        ts.append(time.perf_counter() - t0)
-        cs.append(time.process_time() - c0)
-    return res, statistics.median(ts), statistics.median(cs)
-
-
 def trl_bfd_seconds(lengths, repeats):
     """TRL's BFD on a pyarrow table of dummy sequences of these lengths (None if unavailable)."""
     try:
@@ -97,11 +86,11 @@ def trl_bfd_seconds(lengths, repeats):
         import datasets
 
         datasets.disable_progress_bars()
-        res, sec, cpu = timed(lambda: pack_dataset(ds, C, strategy="bfd"), repeats)
+        res, t = timed(lambda: pack_dataset(ds, C, strategy="bfd"), repeats)
     except Exception as exc:  # noqa: BLE001
         print(f"  (TRL pack_dataset failed: {exc})")
         return None
-    return len(res), sec, cpu
+    return len(res), t.wall_s, t.cpu_s
 
 
 def main(argv=None):
@@ -138,7 +127,8 @@ def main(argv=None):
         res = {}
         for a in algos:
             reps = args.repeats if (a is DEFAULT_ALGORITHM or not args.quick) else 1
-            plan, sec, cpu = timed(lambda: pack_lengths(x, C, a, seed=0), reps)
+            plan, t = timed(lambda: pack_lengths(x, C, a, seed=0), reps)
+            sec, cpu = t.wall_s, t.cpu_s
             res[a] = (plan, cpu)
             exc = 100.0 * (plan.num_bins - l2) / l2
             print(f"{a.value:32s} {x.size:9d} {plan.num_bins:8d} {l1:8d} {l2:8d} {exc:9.4f} "

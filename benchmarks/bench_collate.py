@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
 
 from _argtypes import positive_int  # noqa: E402
+
+from seqpack.bench.timing import timed  # noqa: E402
 
 VOCAB = 151_936
 
@@ -59,14 +59,8 @@ def _samples_for_rows(rows: int = 8, T: int = 4096, seed: int = 0):
 
 
 def _time(fn, repeats):
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    """Median wall milliseconds of ``repeats`` calls after 5 untimed ones."""
+    return timed(fn, repeats, warmup=5)[1].wall_s * 1e3
 
 
 def bench_collate(repeats: int) -> None:

@@ -343,10 +343,10 @@ def test_train_config_validates_fields(field, value):
     assert TrainConfig(steps=None, warmup_steps=0, loss_tolerance=0.0).steps is None
 
 
-@pytest.mark.parametrize("argv,message", [(["--steps", "-1"], "--steps: must be >= 1, got -1"),
-                                          (["--steps", "0"], "--steps: must be >= 1, got 0"),
-                                          (["--seq-length", "0"], "--seq-length: must be >= 2, got 0"),
-                                          (["--seq-length", "x"], "--seq-length: 'x' is not an integer")])
+@pytest.mark.parametrize("argv,message", [(["--steps", "-1"], "--steps: must be an integer >= 1, got '-1'"),
+                                          (["--steps", "0"], "--steps: must be an integer >= 1, got '0'"),
+                                          (["--seq-length", "0"], "--seq-length: must be an integer >= 2, got '0'"),
+                                          (["--seq-length", "x"], "--seq-length: must be an integer >= 2, got 'x'")])
 def test_bench_gpu_rejects_non_positive_sizes(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as ex:
         _bench_gpu().main(["--dry-run", "--out", str(tmp_path), *argv])

@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared argparse types
+
+from _argtypes import int_at_least  # noqa: E402
 
 
 #: the GPU model (hidden, layers, heads, KV heads, MLP); vocabulary 151,936, untied: 613,208,064 parameters.
@@ -54,19 +57,6 @@ GPU_MODEL = dict(hidden_size=1024, num_layers=24, intermediate_size=3072, num_he
 #: never advises an option this script lacks, such as a warm-up option).
 BENCH_OPTION_NAMES = {"steps": "--steps", "seq_length": "--seq-length", "attn_implementation": "--attn",
                       "out_dir": "--out"}
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def count_parameters(size: dict, vocab: int) -> int:
@@ -85,11 +75,11 @@ def count_parameters(size: dict, vocab: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="tiny config on CPU, few steps, always sdpa")
-    ap.add_argument("--steps", type=_int_at_least(1), default=None, help="steps per mode, >= 1 (default 100; dry run 3)")
+    ap.add_argument("--steps", type=int_at_least(1), default=None, help="steps per mode, >= 1 (default 100; dry run 3)")
     ap.add_argument("--attn", default="auto", choices=("auto", "flash_attention_2", "sdpa", "eager"),
                     help="auto (flash_attention_2 when flash_attn imports, else sdpa) | flash_attention_2 | sdpa | "
                          "eager; GPU run only (--dry-run always uses sdpa, with a note)")
-    ap.add_argument("--seq-length", type=_int_at_least(2), default=None,
+    ap.add_argument("--seq-length", type=int_at_least(2), default=None,
                     help="pack capacity in tokens, >= 2 (default 4096; dry run 256)")
     ap.add_argument("--pure-bf16", action="store_true", help="bf16 weights instead of fp32 + bf16 autocast")
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_results",
