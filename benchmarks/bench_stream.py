@@ -20,13 +20,21 @@ What it prints (all measured in this run; medians of ``--repeats``):
 4. End-to-end rows/s from ``Sample`` objects to ``PackedSequence`` rows, and the cost of one
    ``state_dict()`` call with buffer 10,000.
 
-Every goal is printed as PASS or MISS.
+Every goal is printed as PASS or MISS. ``--json PATH`` also writes the figures as JSON (rewritten after
+each section, so a run that fails keeps the sections done): ``throughput`` (samples/s: ``stream_numpy_source``,
+``stream_iterable``, ``offline_pack_lengths``; plus ``algorithm_share``), ``efficiency`` (one entry per mix and
+capacity: ``mix``, ``capacity``, ``l1``, ``offline_pct``, ``offline_bfd_pct``, ``buffers`` = list of ``buffer``,
+``window_pct``, ``carry_pct``, ``max_wait``; percentages = packs above L1 in %), ``state_dict`` (bytes) and
+``rows`` (samples/s, rows/s, microseconds per ``state_dict()`` call), ``goals`` (name -> true/false) and the
+sizes used. ``seqpack bench stream`` draws its charts from this file; the printed text is unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import pickle
 import statistics
 import sys
@@ -42,6 +50,10 @@ from _argtypes import positive_int  # noqa: E402
 
 # seqpack.stream imports torch (~1.5 s): each bench function imports what it needs, so --help and argument
 # errors answer at once
+
+
+#: goal of section 1 (samples per second of the packer on a numpy source)
+THROUGHPUT_GOAL = 1_000_000
 
 
 def lognormal_mix(n: int, cap: int, seed: int = 1) -> np.ndarray:
@@ -65,7 +77,9 @@ def count_packs(packer) -> int:
     return n
 
 
-def bench_throughput(n: int, repeats: int) -> bool:
+def bench_throughput(n: int, repeats: int) -> dict:
+    """Section 1; returns ``{"stream_numpy_source", "stream_iterable", "offline_pack_lengths"}`` (samples/s)
+    and ``algorithm_share`` (fraction of the packer's time inside the packing algorithm)."""
     from seqpack.algorithms import pack_lengths
     from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
 
@@ -108,9 +122,9 @@ def bench_throughput(n: int, repeats: int) -> bool:
           f"{1e9 * med['map'] * (1 - med['algo_share']) / n:.1f} ns/sample)")
     print(f"  offline pack_lengths   : {n / med['offline']:14,.0f} samples/s  (streaming / offline time = "
           f"{med['map'] / med['offline']:.2f})")
-    ok = rate >= 1_000_000
-    print(f"  goal >= 1,000,000 samples/s: {'PASS' if ok else 'MISS'}")
-    return ok
+    print(f"  goal >= {THROUGHPUT_GOAL:,} samples/s: {'PASS' if rate >= THROUGHPUT_GOAL else 'MISS'}")
+    return {"stream_numpy_source": rate, "stream_iterable": n / med["iterable"],
+            "offline_pack_lengths": n / med["offline"], "algorithm_share": med["algo_share"]}
 
 
 class iter_source:
@@ -123,7 +137,8 @@ class iter_source:
         return iter(self.items)
 
 
-def bench_efficiency(n: int) -> bool:
+def bench_efficiency(n: int) -> tuple[bool, list]:
+    """Section 2; returns (goal met for every set, one figures entry per mix and capacity)."""
     from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
     from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
 
@@ -131,32 +146,37 @@ def bench_efficiency(n: int) -> bool:
     print(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
         f"B={b:<6} window  carry  wait" for b in (100, 1000, 10_000)))
     all_ok = True
-    verdicts = []
+    verdicts, rows = [], []
     for name, gen in (("lognormal", lognormal_mix), ("bimodal", bimodal_mix)):
         for cap in (4096, 8192):
             lens = gen(n, cap)
             l1 = -(-int(lens.sum()) // cap)
             off = pack_lengths(lens, cap, DEFAULT_ALGORITHM).num_bins
             off_bfd = pack_lengths(lens, cap, STREAM_DEFAULT_ALGORITHM).num_bins
-            cells = []
+            cells, per_buffer = [], []
             goal = None
             for b in (100, 1000, 10_000):
                 win = count_packs(StreamingPacker(lens, cap, packing_buffer_size=b, output="indices", carry_fill=0))
                 p = StreamingPacker(lens, cap, packing_buffer_size=b, output="indices")
                 car = count_packs(p)
                 cells.append(f"{100 * (win / l1 - 1):13.3f} {100 * (car / l1 - 1):6.3f} {p.stats['max_wait']:5d}")
+                per_buffer.append({"buffer": b, "window_pct": 100 * (win / l1 - 1), "carry_pct": 100 * (car / l1 - 1),
+                                   "max_wait": int(p.stats["max_wait"])})
                 if b == 1000:
                     goal = car <= l1 * 1.001
             print(f"  {name:10} {cap:5d} {l1:7d} {100 * (off / l1 - 1):8.3f} {100 * (off_bfd / l1 - 1):8.3f} | "
                   + " | ".join(cells))
+            rows.append({"mix": name, "capacity": cap, "l1": l1, "offline_pct": 100 * (off / l1 - 1),
+                         "offline_bfd_pct": 100 * (off_bfd / l1 - 1), "buffers": per_buffer})
             verdicts.append(f"{name} cap {cap}: {'PASS' if goal else 'MISS'}")
             all_ok &= bool(goal)
     print("  (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)")
     print("  goal: buffer 1,000 with carry-over <= L1 + 0.1 %: " + "; ".join(verdicts))
-    return all_ok
+    return all_ok, rows
 
 
-def bench_state_size() -> None:
+def bench_state_size() -> dict:
+    """Section 3; returns ``{"sample_keys", "pickle_bytes", "torch_save_bytes"}``."""
     import torch
 
     from seqpack.stream import StreamingPacker
@@ -171,11 +191,15 @@ def bench_state_size() -> None:
     torch.save(state, buf)
     n_keys = len(state["buffer_keys"]) + len(state["pending_keys"])
     print("\n== 3. state_dict size, buffer 10,000 (after 50 packs)")
-    print(f"  {n_keys:,} sample keys held; pickle {len(pickle.dumps(state)):,} B; torch.save {len(buf.getvalue()):,} B")
+    size = {"sample_keys": n_keys, "pickle_bytes": len(pickle.dumps(state)), "torch_save_bytes": len(buf.getvalue())}
+    print(f"  {n_keys:,} sample keys held; pickle {size['pickle_bytes']:,} B; torch.save {size['torch_save_bytes']:,} B")
+    return size
 
 
-def bench_rows(n: int) -> None:
-    """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost."""
+def bench_rows(n: int) -> dict:
+    """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost.
+
+    Returns ``{"samples", "rows", "samples_per_s", "rows_per_s", "state_dict_us"}``."""
     from seqpack.data.sample import Sample
     from seqpack.stream import StreamingPacker
 
@@ -203,26 +227,50 @@ def bench_rows(n: int) -> None:
     print(f"  {n / dt:,.0f} samples/s, {rows / dt:,.0f} rows/s (build_packed_sequence included)")
     print(f"  state_dict() with buffer 10,000: {1e6 * sd:,.0f} us per call (StatefulDataLoader calls it per batch "
           "in each worker unless snapshot_every_n_steps is raised)")
+    return {"samples": n, "rows": rows, "samples_per_s": n / dt, "rows_per_s": rows / dt, "state_dict_us": 1e6 * sd}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, finishes in < 60 s")
     ap.add_argument("--n", type=positive_int, default=None,
                     help="samples for the throughput run, >= 1 (default 1,000,000; 300,000 with --quick)")
     ap.add_argument("--repeats", type=positive_int, default=None,
                     help="timed runs of the throughput section, median reported (>= 1, default 3; 2 with --quick)")
-    args = ap.parse_args()
+    ap.add_argument("--efficiency-n", type=positive_int, default=None,
+                    help="samples per data set of the efficiency section, >= 1 (default 500,000; 150,000 with --quick)")
+    ap.add_argument("--json", metavar="PATH", default=None,
+                    help="also write the figures to PATH as JSON (rewritten after each section)")
+    args = ap.parse_args(argv)
     n_tp = args.n if args.n is not None else (300_000 if args.quick else 1_000_000)
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
-    n_eff = 150_000 if args.quick else 500_000
+    n_eff = args.efficiency_n if args.efficiency_n is not None else (150_000 if args.quick else 500_000)
+    n_rows = 20_000 if args.quick else 100_000
+    figures = {"sizes": {"throughput_n": n_tp, "repeats": repeats, "efficiency_n": n_eff, "rows_n": n_rows},
+               "goals": {}}
+
+    def save() -> None:  # whole file or none: a reader never sees half a JSON document
+        if args.json:
+            path = Path(args.json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(figures, indent=1) + "\n")
+            os.replace(tmp, path)
+
+    save()
     import seqpack.stream  # noqa: F401 - load torch before the total clock starts (as the module-level import did)
 
     t0 = time.perf_counter()
-    ok1 = bench_throughput(n_tp, repeats)
-    ok2 = bench_efficiency(n_eff)
-    bench_state_size()
-    bench_rows(20_000 if args.quick else 100_000)
+    figures["throughput"] = bench_throughput(n_tp, repeats)
+    ok1 = figures["goals"]["throughput_ge_1M_per_s"] = figures["throughput"]["stream_numpy_source"] >= THROUGHPUT_GOAL
+    save()
+    ok2, figures["efficiency"] = bench_efficiency(n_eff)
+    figures["goals"]["carry_buffer_1000_le_l1_plus_0.1pct"] = ok2
+    save()
+    figures["state_dict"] = bench_state_size()
+    save()
+    figures["rows"] = bench_rows(n_rows)
+    save()
     print(f"\nsummary: throughput {'PASS' if ok1 else 'MISS'}, efficiency {'PASS' if ok2 else 'MISS'} "
           f"({time.perf_counter() - t0:.0f} s)")
 

@@ -428,8 +428,13 @@ def test_parse_stream_output_reads_throughput_and_efficiency():
 
 
 def test_cli_bench_stream_writes_json_and_png(tmp_path):
+    from seqpack.bench.stream import parse_stream_output
+
+    # a stand-in for bench_stream.py: prints its text and writes its figures where --json says
+    figures = json.dumps(parse_stream_output(_STREAM_OUTPUT))
     script = tmp_path / "fake_stream.py"
-    script.write_text(f"import sys\nsys.stdout.write({_STREAM_OUTPUT!r})\nsys.exit(3)\n")
+    script.write_text(f"import pathlib, sys\nsys.stdout.write({_STREAM_OUTPUT!r})\n"
+                      f"pathlib.Path(sys.argv[sys.argv.index('--json') + 1]).write_text({figures!r})\nsys.exit(3)\n")
     out = tmp_path / "out"
     r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(script), "--out", str(out)])
     assert r.exit_code == 3  # the benchmark's exit code is relayed
@@ -439,6 +444,50 @@ def test_cli_bench_stream_writes_json_and_png(tmp_path):
     assert data["charts"] == ["stream_efficiency.png", "stream_throughput.png"] and data["charts_skipped"] == []
     assert data["efficiency"][0]["buffers"][1]["carry_pct"] == 0.047
     assert data["throughput"]["offline_pack_lengths"] == 9_127_468.0
+
+
+def test_cli_bench_stream_without_figures_file_skips_charts_with_reason(tmp_path):
+    script = tmp_path / "text_only.py"  # prints the figures but writes no --json file
+    script.write_text(f"import sys\nsys.stdout.write({_STREAM_OUTPUT!r})\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(script), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "stream.json").read_text())
+    assert data["charts"] == [] and not (out / "stream_throughput.png").exists()
+    assert [s.split(":")[0] for s in data["charts_skipped"]] == ["stream_efficiency.png", "stream_throughput.png"]
+    assert "note: chart not written: stream_throughput.png: no throughput figures" in r.output
+
+
+def test_bench_stream_script_json_matches_its_printed_figures(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from seqpack.bench.stream import parse_stream_output
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_stream.py"
+    path = tmp_path / "sub" / "fig.json"
+    p = subprocess.run([sys.executable, str(script), "--quick", "--n", "3000", "--repeats", "1", "--efficiency-n",
+                        "3000", "--json", str(path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    fig, printed = json.loads(path.read_text()), parse_stream_output(p.stdout)
+    assert fig["sizes"] == {"throughput_n": 3000, "repeats": 1, "efficiency_n": 3000, "rows_n": 20_000}
+    assert set(printed["throughput"]) == {"stream_numpy_source", "stream_iterable", "offline_pack_lengths"}
+    for key, rate in printed["throughput"].items():  # printed as whole samples/s
+        assert abs(fig["throughput"][key] - rate) <= 0.5, key
+    assert 0 < fig["throughput"]["algorithm_share"] < 1
+    assert [(e["mix"], e["capacity"]) for e in fig["efficiency"]] == [
+        ("lognormal", 4096), ("lognormal", 8192), ("bimodal", 4096), ("bimodal", 8192)]
+    assert len(printed["efficiency"]) == 4
+    for got, shown in zip(fig["efficiency"], printed["efficiency"]):  # printed with 3 decimals
+        assert (got["mix"], got["capacity"], got["l1"]) == (shown["mix"], shown["capacity"], shown["l1"])
+        assert [b["buffer"] for b in got["buffers"]] == [100, 1000, 10_000]
+        for b, sb in zip(got["buffers"], shown["buffers"]):
+            assert b["max_wait"] == sb["max_wait"]
+            assert abs(b["window_pct"] - sb["window_pct"]) <= 5e-4 and abs(b["carry_pct"] - sb["carry_pct"]) <= 5e-4
+    ok = fig["goals"]["throughput_ge_1M_per_s"]
+    assert f"goal >= 1,000,000 samples/s: {'PASS' if ok else 'MISS'}" in p.stdout
+    assert fig["state_dict"]["pickle_bytes"] > 0 and fig["rows"]["rows"] > 0
 
 
 @pytest.mark.parametrize("command,full,quick", [

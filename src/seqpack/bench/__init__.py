@@ -8,8 +8,8 @@ Modules (each benchmark checks ``out_dir`` first, then writes ``<name>.json`` pl
   first fit, run as installed (plus a re-implementation of LLaMA-Factory's for when it is absent);
 - :mod:`seqpack.bench.algorithms` -- ``seqpack bench algorithms``;
 - :mod:`seqpack.bench.prepare` -- ``seqpack bench prepare`` (tokenize + pack + write vs TRL);
-- :mod:`seqpack.bench.stream` -- ``seqpack bench stream`` (runs ``benchmarks/bench_stream.py``, charts what
-  it printed).
+- :mod:`seqpack.bench.stream` -- ``seqpack bench stream`` (runs ``benchmarks/bench_stream.py``, charts the
+  figures it writes with ``--json``).
 
 The training-throughput comparison is :mod:`seqpack.train` (``seqpack train --mode all``).
 """

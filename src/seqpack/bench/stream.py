@@ -5,9 +5,9 @@ The benchmark itself is ``benchmarks/bench_stream.py`` (owned by the streaming m
 in a child process with the same interpreter, relays its output live, and writes into ``out_dir``:
 
 - ``stream.json``: command, exit code, wall seconds, the full output, every line carrying PASS/MISS
-  verdicts as a goal (``pass`` is False when the line has any MISS), and the figures read back from
-  the output (:func:`parse_stream_output`: ``throughput`` in samples/s, ``efficiency`` rows of packs
-  above L1 in % per buffer size);
+  verdicts as a goal (``pass`` is False when the line has any MISS), and the figures the script wrote
+  with ``--json`` (``throughput`` in samples/s, ``efficiency`` rows of packs above L1 in % per buffer
+  size, ``state_dict`` bytes, ``rows`` rates; see the script's docstring);
 - ``stream_efficiency.png``: packs above the L1 bound (%) against the buffer size, one line per data
   mix, capacity and mode (``carry`` = the default carry-over, ``window`` = each buffer packed alone);
 - ``stream_throughput.png``: samples/s of the streaming packer (numpy source, plain iterable) and of
@@ -17,16 +17,18 @@ With ``quick``, every echoed line that carries a PASS/MISS verdict ends with " (
 and the goals are stored with ``"informational": "quick: informational"`` (the goals are judged on the
 full run; ``output`` in the JSON keeps the script's text as printed by it).
 
-A chart whose figures are not in the output (the script failed early, or its format changed) is
-not written; the reason is printed and stored in ``charts_skipped``.
+A chart whose figures the script did not write (it failed before that section, or a ``script`` without
+the ``--json`` option) is not written; the reason is printed and stored in ``charts_skipped``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,11 @@ def default_script() -> Path:
 
 
 def parse_stream_output(output: str) -> dict[str, Any]:
-    """Read the figures back from the text ``bench_stream.py`` prints.
+    """Read the figures back from the text ``bench_stream.py`` prints (e.g. a saved log).
+
+    :func:`run_stream` does not use this: it reads the JSON file the script writes with ``--json``
+    (full precision, no dependence on the text layout). The printed figures are rounded (3 decimals
+    for percentages, whole samples/s).
 
     Section 1 lines ``<name> : <N> samples/s`` give ``throughput`` (samples per second, float):
     keys ``stream_numpy_source``, ``stream_iterable``, ``offline_pack_lengths`` (those found).
@@ -96,7 +102,7 @@ def parse_stream_output(output: str) -> dict[str, Any]:
 def _charts(figures: dict[str, Any], out_dir: Path) -> tuple[list[str], list[str]]:
     """Write the PNGs that ``figures`` allow; returns (written file names, reasons for skipped charts)."""
     written, skipped = [], []
-    eff = figures["efficiency"]
+    eff = figures.get("efficiency") or []
     if eff:
         xs = [b["buffer"] for b in eff[0]["buffers"]]
         series: dict[str, list[float]] = {}
@@ -116,8 +122,8 @@ def _charts(figures: dict[str, Any], out_dir: Path) -> tuple[list[str], list[str
                    xlabel="packing_buffer_size (samples)", ylabel="% packs above L1 (log; 0 drawn at 0.001)")
         written.append("stream_efficiency.png")
     else:
-        skipped.append("stream_efficiency.png: no efficiency table (section 2) in the benchmark output")
-    tp = figures["throughput"]
+        skipped.append("stream_efficiency.png: no efficiency figures (section 2) in the benchmark's --json file")
+    tp = figures.get("throughput") or {}
     if tp:
         names = {"stream_numpy_source": "seqpack StreamingPacker\n(numpy source)",
                  "stream_iterable": "seqpack StreamingPacker\n(plain iterable)",
@@ -128,19 +134,21 @@ def _charts(figures: dict[str, Any], out_dir: Path) -> tuple[list[str], list[str
                   ylabel="million samples per second", annotate=[f"{tp[k] / 1e6:.2f} M/s" for k in keys])
         written.append("stream_throughput.png")
     else:
-        skipped.append("stream_throughput.png: no throughput lines (section 1) in the benchmark output")
+        skipped.append("stream_throughput.png: no throughput figures (section 1) in the benchmark's --json file")
     return written, skipped
 
 
 def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
                out_dir: str | os.PathLike = "bench_results", echo: bool = True) -> dict[str, Any]:
-    """Run ``bench_stream.py`` (``--quick`` when asked); write ``stream.json`` and the PNG charts.
+    """Run ``bench_stream.py`` (``--quick`` when asked, ``--json`` into a temporary file); write
+    ``stream.json`` and the PNG charts.
 
     Returns:
         payload with ``benchmark``, ``command``, ``returncode``, ``quick``, ``wall_s``, ``output``, ``goals``
-        (``{"goal", "pass"}`` per PASS/MISS line, plus ``informational`` with ``quick``), ``throughput`` and ``efficiency`` (see
-        :func:`parse_stream_output`), ``charts`` (PNG file names written) and ``charts_skipped``
-        (one reason per chart not written).
+        (``{"goal", "pass"}`` per PASS/MISS line, plus ``informational`` with ``quick``), ``figures`` (what
+        the script wrote with ``--json``; ``{}`` when it wrote nothing), ``throughput`` and ``efficiency``
+        (copied from ``figures``, as earlier versions stored them; ``{}`` / ``[]`` when absent), ``charts``
+        (PNG file names written) and ``charts_skipped`` (one reason per chart not written).
 
     Raises:
         FileNotFoundError: the script does not exist (it ships in the source tree only).
@@ -151,19 +159,22 @@ def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
         raise FileNotFoundError(f"streaming benchmark not found at {path}; pass script=PATH (it ships in the "
                                 "source tree, not in the wheel)")
     out = ensure_out_dir(out_dir, option="out_dir")
-    cmd = [sys.executable, str(path)] + (["--quick"] if quick else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if echo:
-            if quick and _VERDICT_RE.search(line):
-                print(line.rstrip("\n") + " (quick: informational)", flush=True)
-            else:
-                print(line, end="", flush=True)
-    rc = proc.wait()
+    with tempfile.TemporaryDirectory(prefix="seqpack-bench-stream-") as tmp:
+        figures_path = Path(tmp) / "figures.json"
+        cmd = [sys.executable, str(path)] + (["--quick"] if quick else []) + ["--json", str(figures_path)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if echo:
+                if quick and _VERDICT_RE.search(line):
+                    print(line.rstrip("\n") + " (quick: informational)", flush=True)
+                else:
+                    print(line, end="", flush=True)
+        rc = proc.wait()
+        figures = json.loads(figures_path.read_text()) if figures_path.is_file() else {}
     output = "".join(lines)
     goals = []
     for line in lines:  # "PASS  <goal>" lines, or any line carrying PASS/MISS verdicts ("goal: ...: PASS; ...")
@@ -174,7 +185,6 @@ def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
         text = s[4:].strip() if s.startswith(("PASS", "MISS")) else s
         goals.append({"goal": text, "pass": "MISS" not in tags,
                       **({"informational": "quick: informational"} if quick else {})})
-    figures = parse_stream_output(output)
     charts, charts_skipped = _charts(figures, out)
     for reason in charts_skipped:
         if echo:
@@ -182,7 +192,8 @@ def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
     if echo and quick and goals:
         print(QUICK_NOTE, flush=True)
     payload = {"benchmark": "stream", "command": " ".join(cmd), "returncode": rc, "quick": quick,
-               "wall_s": round(time.perf_counter() - t0, 3), "output": output, "goals": goals, **figures,
+               "wall_s": round(time.perf_counter() - t0, 3), "output": output, "goals": goals, "figures": figures,
+               "throughput": figures.get("throughput") or {}, "efficiency": figures.get("efficiency") or [],
                "charts": charts, "charts_skipped": charts_skipped}
     write_json(out / "stream.json", payload)
     return payload
