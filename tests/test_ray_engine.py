@@ -119,6 +119,22 @@ def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_ray_nothing_to_pack_gives_the_local_engines_error(ray_runtime, shards, tmp_path):
+    """Every record dropped (seq_length 8, overlength drop): the same NothingToPackError text as the local
+    engine (inputs, counts by reason, fix), and nothing written."""
+    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import NothingToPackError
+
+    settings = {**SETTINGS, "seq_length": 8, "overlength": "drop"}
+    with pytest.raises(NothingToPackError) as local:
+        pack_dataset(shards[2:], tmp_path / "local", **settings)
+    with pytest.raises(NothingToPackError) as ray_err:
+        pack_dataset_ray(shards[2:], tmp_path / "ray", num_cpus=2, **settings)
+    assert str(ray_err.value) == str(local.value)
+    assert str(shards[2]) in str(ray_err.value) and "'overlength'" in str(ray_err.value)
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "local").exists()
+
+
 def test_ray_refuses_image_records_at_tokenize_time(ray_runtime, tmp_path):
     """Image-text records need the local engine (placeholder expansion); the Ray engine says so before writing."""
     from PIL import Image

@@ -663,7 +663,7 @@ def _prepare_to_spill(
     Returns ``(report, media_stats, image_processor, sources)``.
     """
     from seqpack.data import prepare
-    from seqpack.data.prepare import _display_names
+    from seqpack.data.prepare import _display_names, _rename_source
     from seqpack.data.sample import PrepareReport
 
     names = _display_names(items)
@@ -681,12 +681,7 @@ def _prepare_to_spill(
             [item], tok, seq_length=_UNLIMITED, overlength="error", on_error=on_error,
             train_on=train_on, format=fmt, progress=progress,
         )
-        default = _display_names([item])[0]
-        if default != name:  # a lone file is named by its file name; the whole list may need more
-            cut = len(default)
-            for x in (*samples, *rep.entries):
-                if str(x.sample_id).startswith(default + ":"):
-                    x.sample_id = name + str(x.sample_id)[cut:]
+        _rename_source((*samples, *rep.entries), _display_names([item])[0], name)
         if proc is None and any((s.media or {}).get("images") for s in samples):
             proc = resolve_image_processor(None)
         n_prep = len(rep.entries)
@@ -846,6 +841,55 @@ def pack_dataset(
             spill.cleanup()
 
 
+def _nothing_to_pack(items: Sequence[Any], report: Any, empty: Sequence[str] = ()) -> NothingToPackError:
+    """The error for a job whose every record was dropped or skipped (or whose inputs hold no record):
+    names the inputs, the counts by status and reason, and the fix (shared by the local and Ray engines)."""
+    names = ", ".join(_input_label(i) for i in items)
+    if report.records_read == 0:
+        return NothingToPackError(
+            f"no record to pack: 0 records read from {names} (empty file(s) or empty JSON array). "
+            "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
+            "with one record per line, or Parquet) and that it is not empty"
+        )
+    return NothingToPackError(
+        f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
+        f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
+        "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
+        "with --on-error raise)"
+        + (f"; empty input(s): {', '.join(empty)}" if empty else "")
+    )
+
+
+def _check_plan_places_all(plan: Any, num_samples: int, what: str) -> None:
+    """Raise ``RuntimeError`` (a planner bug, never a user error) unless ``plan.bins`` place every index
+    ``0 .. num_samples-1`` exactly once; ``what`` names the algorithm/planning mode in the message."""
+    order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
+    if order.shape[0] != num_samples or not np.array_equal(np.sort(order), np.arange(num_samples)):
+        raise RuntimeError(
+            f"packing plan ({what}) does not place every sample exactly once "
+            f"({order.shape[0]} placements for {num_samples} samples)"
+        )
+
+
+def _build_row(
+    samples: Sequence[Any], *, m: int, pad_token_id: int, seq_length: int, validate: bool,
+    context_parallel_size: int,
+) -> Any:
+    """One offline THD row (:func:`seqpack.packed.build_packed_sequence` with the job's pad multiple
+    ``m``, no tail padding), checked against every invariant when ``validate`` (shared by the local and
+    Ray engines, so both write the same rows).
+
+    Raises:
+        ValueError / PackedSequenceError: from the builder or the validator (names the sample ids).
+    """
+    from seqpack.packed import build_packed_sequence
+
+    row = build_packed_sequence(samples, pad_to_multiple_of=m, pad_token_id=pad_token_id, seq_length=seq_length)
+    if validate:
+        row.validate(capacity=seq_length, context_parallel_size=context_parallel_size, multiple=m)
+    return row
+
+
 def _plan_and_write(
     items, output, tok, tok_name, tok_hash, chat_hash, report, media_stats, proc, sources, num_samples,
     trainable, lengths, get_sample, *, t0, say, stages, m, algo, seq_length, pad_to_multiple_of,
@@ -860,20 +904,7 @@ def _plan_and_write(
     for name in empty:
         say(f"input {name} holds no record (empty file or empty JSON array)")
     if not num_samples:
-        names = ", ".join(_input_label(i) for i in items)
-        if report.records_read == 0:
-            raise NothingToPackError(
-                f"no record to pack: 0 records read from {names} (empty file(s) or empty JSON array). "
-                "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
-                "with one record per line, or Parquet) and that it is not empty"
-            )
-        raise NothingToPackError(
-            f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-            f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
-            "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
-            "with --on-error raise)"
-            + (f"; empty input(s): {', '.join(empty)}" if empty else "")
-        )
+        raise _nothing_to_pack(items, report, empty)
 
     # ---- 2. plan (same multiple m as the builder: case B24)
     from seqpack.algorithms import pack_lengths
@@ -881,29 +912,21 @@ def _plan_and_write(
     stages("plan", 0, 1)
     plan = pack_lengths(lengths, seq_length, algo, seed=seed, pad_to_multiple_of=m)
     stages("plan", 1, 1)
-    order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
-    if order.shape[0] != num_samples or not np.array_equal(np.sort(order), np.arange(num_samples)):
-        raise RuntimeError(  # planner bug: every sample must be in exactly one pack
-            f"packing plan ({algo.value}) does not place every sample exactly once "
-            f"({order.shape[0]} placements for {num_samples} samples)"
-        )
+    _check_plan_places_all(plan, num_samples, algo.value)
     t_plan = time.perf_counter()
     say(f"planned {plan.num_bins} packs (lower bound {plan.lower_bound}) with {algo.value}")
 
     # ---- 3. build rows and write atomically
-    from seqpack.packed import build_packed_sequence
-
     pad_id = _pad_token_id(tok)
 
     def rows() -> Iterator[Any]:
         total = len(plan.bins)
         stages("write", 0, total)
         for k, b in enumerate(plan.bins, 1):
-            row = build_packed_sequence(
-                [get_sample(int(i)) for i in b], pad_to_multiple_of=m, pad_token_id=pad_id, seq_length=seq_length
+            row = _build_row(
+                [get_sample(int(i)) for i in b], m=m, pad_token_id=pad_id, seq_length=seq_length,
+                validate=validate, context_parallel_size=context_parallel_size,
             )
-            if validate:
-                row.validate(capacity=seq_length, context_parallel_size=context_parallel_size, multiple=m)
             if k % 64 == 0 or k == total:
                 stages("write", k, total)
             yield row

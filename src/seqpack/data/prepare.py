@@ -209,6 +209,24 @@ def _display_names(items: list[Any]) -> list[str]:
     return out
 
 
+def _rename_source(records: Any, old: str, new: str) -> None:
+    """Rewrite the id prefix ``"<old>:"`` to ``"<new>:"`` in place on ``Sample`` s / report entries.
+
+    ``prepare`` of one input names it by :func:`_display_names` of that input alone (its file name);
+    an engine that prepares a multi-file job one file at a time renames the ids to the display name
+    from the whole input list (which may carry a distinguishing path suffix), so the ids equal those
+    of one ``prepare`` call on every input. Objects whose ``sample_id`` has another prefix are left as
+    they are.
+    """
+    if old == new:
+        return
+    head = old + ":"
+    for x in records:
+        sid = str(x.sample_id)
+        if sid.startswith(head):
+            x.sample_id = new + sid[len(old):]
+
+
 def _total_records(items: list[Any]) -> int | None:
     from .formats import InMemoryRecords, _is_dataset
 

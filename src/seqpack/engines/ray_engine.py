@@ -237,7 +237,7 @@ class _ShardWorker:
 
     def _one(self, k: int, pa: Any):
         from seqpack.data import prepare
-        from seqpack.data.prepare import _display_names
+        from seqpack.data.prepare import _display_names, _rename_source
 
         s = self.s
         item = self.items[k]
@@ -259,15 +259,7 @@ class _ShardWorker:
             return _rows_table(pa, _KIND_SHARD, k, np.array([-1]), {}, pickle.dumps({"error": _pack_exc(e)}, protocol=5))
         # prepare() names a lone input by its file name; the driver's name may be the full path
         # (when two inputs share a file name): rewrite the prefix so ids equal the local engine's.
-        default = _display_names([item])[0]
-        want = self.names[k]
-        if want != default:
-            cut = len(default)
-            for smp in samples:
-                smp.sample_id = want + str(smp.sample_id)[cut:]
-            for e in report.entries:
-                if str(e.sample_id).startswith(default):
-                    e.sample_id = want + str(e.sample_id)[cut:]
+        _rename_source((*samples, *report.entries), _display_names([item])[0], self.names[k])
         lengths = np.fromiter((x.length for x in samples), dtype=np.int64, count=len(samples))
         summary: dict[str, Any] = {"report": report, "lengths": lengths}
         if s["planning"] == "global":
@@ -297,14 +289,13 @@ class _ShardWorker:
 
 
 def _build(samples: list, idx: np.ndarray, s: dict[str, Any]):
-    from seqpack.packed import build_packed_sequence
+    """The local engine's row builder (``seqpack.pipeline._build_row``) on ``samples[idx]``."""
+    from seqpack.pipeline import _build_row
 
-    row = build_packed_sequence(
-        [samples[int(i)] for i in idx], pad_to_multiple_of=s["m"], pad_token_id=s["pad_id"], seq_length=s["seq_length"]
+    return _build_row(
+        [samples[int(i)] for i in idx], m=s["m"], pad_token_id=s["pad_id"], seq_length=s["seq_length"],
+        validate=s["validate"], context_parallel_size=s["cp"],
     )
-    if s["validate"]:
-        row.validate(capacity=s["seq_length"], context_parallel_size=s["cp"], multiple=s["m"])
-    return row
 
 
 def _pack_rows(pa: Any, shard: int, local: np.ndarray, packs: list):
@@ -453,12 +444,13 @@ def pack_dataset_ray(
             the local engine's message (file, record, fix).
     """
     from seqpack.pipeline import (
-        NothingToPackError,
         PackConfigError,
         PackResult,
+        _check_plan_places_all,
         _input_list,
         _load_tokenizer,
         _metadata_settings,
+        _nothing_to_pack,
         _pad_token_id,
         _Stages,
         _tokenizer_hashes,
@@ -549,10 +541,7 @@ def pack_dataset_ray(
         t_prep = time.perf_counter()
         say(f"prepared {len(lengths)} samples from {report.records_read} records")
         if len(lengths) == 0:
-            raise NothingToPackError(
-                f"no sample left to pack: {report.records_read} record(s) read, none usable "
-                f"({report.by_reason() or 'no records'}); check the inputs, --format and --overlength/--on-error"
-            )
+            raise _nothing_to_pack(items, report)
 
         # ---- 2. plan
         from seqpack.algorithms import PackingPlan, pack_lengths
@@ -586,12 +575,7 @@ def pack_dataset_ray(
             say(f"per-shard planning: {plan.num_bins} packs vs {global_plan.num_bins} with global planning "
                 f"(efficiency {eff_s:.4f} vs {eff_g:.4f}, loss {eff_g - eff_s:.4f})")
         stages("plan", 1, 1)
-        order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
-        if order.shape[0] != len(lengths) or not np.array_equal(np.sort(order), np.arange(len(lengths))):
-            raise RuntimeError(
-                f"packing plan ({algo.value}, planning={planning}) does not place every sample exactly once "
-                f"({order.shape[0]} placements for {len(lengths)} samples)"
-            )
+        _check_plan_places_all(plan, len(lengths), f"{algo.value}, planning={planning}")
         t_plan = time.perf_counter()
 
         # ---- 3. build rows (parallel) and 4. write in pack order
