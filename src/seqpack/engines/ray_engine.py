@@ -473,6 +473,8 @@ def pack_dataset_ray(
     output = Path(output)
     check_output_dir(output, overwrite)
     require_ray()
+    from ray.data.expressions import col
+
     from seqpack.data.formats import expand_inputs
     from seqpack.data.prepare import _display_names
 
@@ -515,9 +517,8 @@ def pack_dataset_ray(
                 .materialize()
             )
             summaries: dict[int, dict[str, Any]] = {}
-            for b in tokenized.filter(expr=f"kind == {_KIND_SHARD}").select_columns(["shard", "summary"]).iter_batches(
-                batch_format="pyarrow", batch_size=None
-            ):
+            heads = tokenized.filter(expr=col("kind") == _KIND_SHARD).select_columns(["shard", "summary"])
+            for b in heads.iter_batches(batch_format="pyarrow", batch_size=None):
                 for k, blob in zip(b.column("shard").to_pylist(), b.column("summary").to_pylist()):
                     summaries[int(k)] = pickle.loads(blob)
         except Exception as e:  # surface the worker's own error (file, record, fix)
@@ -579,7 +580,7 @@ def pack_dataset_ray(
         t_plan = time.perf_counter()
 
         # ---- 3. build rows (parallel) and 4. write in pack order
-        rows_ds = tokenized.filter(expr=f"kind == {_KIND_ROW}")
+        rows_ds = tokenized.filter(expr=col("kind") == _KIND_ROW)
         if planning == "global":
             pack_of = plan.bin_ids(len(lengths))
             slot_of = np.empty(len(lengths), np.int32)
