@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/bench_stream.py            # full: 1,000,000 samples, 3 repeats
-    python benchmarks/bench_stream.py --quick    # < 60 s
+    python benchmarks/bench_stream.py            # full: 1,000,000 samples, 3 repeats (measured: 20 s on 2 cores)
+    python benchmarks/bench_stream.py --quick    # measured: 10 s on 2 cores
 
 What it prints (all measured in this run; medians of ``--repeats``):
 
@@ -232,7 +232,7 @@ def bench_rows(n: int) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, finishes in < 60 s")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (about 10 s on 2 cores)")
     ap.add_argument("--n", type=positive_int, default=None,
                     help="samples for the throughput run, >= 1 (default 1,000,000; 300,000 with --quick)")
     ap.add_argument("--repeats", type=positive_int, default=None,

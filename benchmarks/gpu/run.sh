@@ -2,7 +2,7 @@
 # Padded vs packed training throughput of a 0.61B-parameter Qwen3-like model (613,208,064 parameters, counted
 # from bench_gpu.py's config; see its docstring) on one NVIDIA GPU (H200 target).
 #
-#   bash benchmarks/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast, < 8 min
+#   bash benchmarks/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast (stopped after 470 s; not yet timed on a GPU)
 #   bash benchmarks/gpu/run.sh --dry-run   # CPU: tiny config, 3 steps, fp32 sdpa (what CI runs)
 #   extra flags go to bench_gpu.py (--steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16);
 #   --attn applies to the GPU run only: the dry run always uses sdpa (bench_gpu.py prints a note and
