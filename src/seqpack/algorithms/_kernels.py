@@ -81,6 +81,13 @@ def _pow2(x):
 
 @njit(cache=True)
 def _vt_set(tree, P, v, flag):
+    """Set value ``v``'s flag (0/1) and OR it up the path.
+
+    Kept apart from the bin tree's ``_ff_update`` (max instead of OR) and written out at every
+    stack push/pop on purpose: one max-update for both trees measured ~15 % slower on best fit
+    (100k lognormal lengths), and ``_push``/``_pop`` helpers taking the three arrays made the
+    kernels 2-7x slower, with or without ``inline="always"`` (numba 0.68; a push helper alone
+    took 3 ms against 0.1 ms inline for 100k items)."""
     i = v + P
     tree[i] = flag
     i //= 2
