@@ -92,8 +92,11 @@ def test_cli_train_on_a_data_file(tmp_path, qwen3_tokenizer):
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "train.json").read_text())
     assert set(res["modes"]) == {"padded", "packed"} and res["data"]["samples"] == 24
-    bad = CliRunner().invoke(app, ["train", "--mode", "warp"])
-    assert bad.exit_code == 2
+    bad = CliRunner().invoke(app, ["train", "--mode", "padded,warp", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and _one_line(bad) == ("error: --mode: unknown mode(s) 'warp'; choose from padded, packed, "
+                                                     "in_batch, streaming (or 'all' on the command line)")
+    bad = CliRunner().invoke(app, ["train", "--dtype", "fp8", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and _one_line(bad) == "error: --dtype must be 'float32' or 'bfloat16', got 'fp8'"
 
 
 def test_gpu_run_sh_dry_run(tmp_path):

@@ -256,7 +256,8 @@ class TrainConfig:
             raise ValueError(f"{n('modes')} is empty; choose from {', '.join(MODES)} (or 'all' on the command line)")
         bad = [m for m in modes if m not in MODES]
         if bad:
-            raise ValueError(f"{n('modes')}: unknown mode(s) {bad}; choose from {', '.join(MODES)} or 'all'")
+            raise ValueError(f"{n('modes')}: unknown mode(s) {', '.join(map(repr, bad))}; choose from "
+                             f"{', '.join(MODES)} (or 'all' on the command line)")
 
         def need(field_: str, ok: bool, rule: str) -> None:
             if not ok:

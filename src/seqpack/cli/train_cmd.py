@@ -98,17 +98,8 @@ def train(
               "(--data 'data/*.jsonl')")
     if not out.strip():
         _fail("--out is empty; pass the folder for train.json and the PNGs, e.g. --out bench_results")
-    if mode.strip() == "all":
-        modes = list(MODES)
-    else:
-        modes = [m.strip() for m in mode.split(",") if m.strip()]
-        if not modes:
-            _fail(f"--mode is empty ({mode!r}); use 'all' or a comma list of {', '.join(MODES)}")
-        bad = [m for m in modes if m not in MODES]
-        if bad:
-            _fail(f"--mode {mode!r}: unknown mode(s) {', '.join(bad)}; use 'all' or a comma list of {', '.join(MODES)}")
-    if dtype not in ("float32", "bfloat16"):
-        _fail(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    # empty / unknown --mode and a bad --dtype are refused by TrainConfig.validate, naming the options
+    modes = list(MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     try:
         cfg = TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model, hidden_size=hidden_size,
                           num_layers=num_layers, intermediate_size=intermediate_size, num_heads=num_heads,
