@@ -207,6 +207,38 @@ def _step_shape(p: int, dp: int, mb: int) -> list[int]:
     return shape
 
 
+def _is_full(grid: np.ndarray, mb: int) -> bool:
+    """A full step: ``mb`` micro-batches per rank and no filler slot."""
+    return grid.shape[1] == mb and not np.any(grid == FILLER)
+
+
+def _order_steps(steps: list[np.ndarray], mb: int, seed: int, shuffle: bool) -> list[np.ndarray]:
+    """Full steps (in a seeded random order when ``shuffle``), then the partial (remainder) step(s)."""
+    full = [g for g in steps if _is_full(g, mb)]
+    rest = [g for g in steps if not _is_full(g, mb)]
+    if shuffle and len(full) > 1:
+        perm = np.random.default_rng(seed).permutation(len(full))
+        full = [full[k] for k in perm]
+    return full + rest
+
+
+def _sort_ranks_by_cost(grid: np.ndarray, cost: np.ndarray) -> None:
+    """In place: inside each rank (row), micro-batches by descending pack cost, fillers last."""
+    key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)] if cost.size else 0.0)
+    grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
+
+
+def _check_formation(formation: str) -> None:
+    if formation not in ("auto", "cost", "deficit"):
+        raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
+
+
+def _members(owner: np.ndarray, count: int) -> list[np.ndarray]:
+    """Positions grouped by ``owner`` (int64 [n] in [0, count)): ``count`` int64 arrays, ascending."""
+    by = np.argsort(owner, kind="stable").astype(np.int64)
+    return np.split(by, np.cumsum(np.bincount(owner, minlength=count))[:-1])
+
+
 def balance_packs(
     tokens,
     cost,
@@ -256,8 +288,7 @@ def balance_packs(
         ValueError: bad sizes, negative values, or a pack over ``token_cap`` (names the pack).
     """
     tokens, cost = _check_inputs(tokens, cost, dp_size, micro_batches, token_cap)
-    if formation not in ("auto", "cost", "deficit"):
-        raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
+    _check_formation(formation)
     p = tokens.shape[0]
     dp, mb = int(dp_size), int(micro_batches)
     kw = dict(refine_passes=refine_passes, max_repairs=max_repairs, tt=token_tolerance, ct=cost_tolerance,
@@ -274,7 +305,7 @@ def balance_packs(
         candidates.append(("cost", _form_steps(np.zeros(0, np.int64), tokens, cost, dp, mb, **kw)))
 
     def worst(steps):
-        full = [s for s in steps if s.shape[1] == mb and not np.any(s == FILLER)] or steps
+        full = [s for s in steps if _is_full(s, mb)] or steps
         tl = np.stack([tokens[s].sum(1) for s in full]).astype(np.float64)
         cl = np.stack([cost[s].sum(1) for s in full])
         tp, cp = _parts(tl, cl, token_tolerance, cost_tolerance)
@@ -282,16 +313,9 @@ def balance_packs(
 
     name, steps = min(candidates, key=lambda c: worst(c[1])) if p else candidates[0]
     fillers = int(sum(int(np.sum(s == FILLER)) for s in steps))
-    for grid in steps:  # inside a rank: micro-batches in descending cost, fillers last
-        key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)])
-        grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
-    if shuffle_steps and len(steps) > 1:
-        rng = np.random.default_rng(seed)
-        # keep a partial (filler) step last so every other step has the full shape
-        last_partial = steps[-1].shape[1] != mb or bool(np.any(steps[-1] == FILLER))
-        body = steps[:-1] if last_partial else steps
-        perm = rng.permutation(len(body))
-        steps = [body[k] for k in perm] + ([steps[-1]] if last_partial else [])
+    for grid in steps:
+        _sort_ranks_by_cost(grid, cost)
+    steps = _order_steps(steps, mb, seed, shuffle_steps)  # a partial (filler) step stays last
     return BalancePlan(steps=steps, dp_size=dp, micro_batches=mb, num_fillers=fillers,
                        method=f"{name}-sorted steps + vector LPT with cardinality cap (Graham 1969) + min-max repair")
 
@@ -346,7 +370,7 @@ def _refine(steps, tokens, cost, mb, passes, tt, ct, window=2) -> None:
     either part of either step above ``max(its old pair value, 1)`` (1 = on target), so fixing one
     metric never spoils the other beyond its target.
     """
-    full = [k for k, s in enumerate(steps) if s.shape[1] == mb and not np.any(s == FILLER)]
+    full = [k for k, s in enumerate(steps) if _is_full(s, mb)]
     for _ in range(passes):
         improved = 0
         pairs = [(full[x], full[x + d]) for d in range(1, window + 1) for x in range(len(full) - d)]
@@ -401,7 +425,7 @@ def _repair_worst(steps, tokens, cost, mb, budget, tt, ct, neighbours=64, sample
     Partners: the ``neighbours`` nearest steps in cost order and ``samples`` random ones (bounded
     work per repair: ``O(dp*mb * (2*neighbours+samples) * dp*mb)``).
     """
-    full = [k for k, s in enumerate(steps) if s.shape[1] == mb and not np.any(s == FILLER)]
+    full = [k for k, s in enumerate(steps) if _is_full(s, mb)]
     if len(full) < 2:
         return
     grid = np.stack([steps[k] for k in full])  # [S, dp, mb]
@@ -668,7 +692,10 @@ def _initial_packs(padded, capacity, pad, algorithm, seed):
 
 
 def _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed):
-    """Sample-level leveling of a pack schedule (in place on the sample->pack map); returns new bins/grids."""
+    """Sample-level leveling of a pack schedule (in place on the sample->pack map); returns new bins/grids.
+
+    ``cross_iters``: budget of cross-step repairs; None = ``4 * number of steps + 200``."""
+    cross_iters = 4 * len(grids) + 200 if cross_iters is None else int(cross_iters)
     n = padded.shape[0]
     units = (padded // pad).astype(np.int64)
     cs = units.astype(np.float64) ** 2
@@ -711,15 +738,12 @@ def _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, c
         _repair_cross(order, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step,
                         pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed)
     # rebuild bins (drop packs left empty -> fillers) and grids
-    by_pack = np.argsort(pack_of, kind="stable")
-    cnt = np.bincount(pack_of, minlength=npk)
-    starts = np.concatenate([[0], np.cumsum(cnt)])
     new_id = np.full(npk, FILLER, dtype=np.int64)
     new_bins: list[np.ndarray] = []
-    for k in range(npk):
-        if cnt[k]:
+    for k, members in enumerate(_members(pack_of, npk)):
+        if members.size:
             new_id[k] = len(new_bins)
-            new_bins.append(np.sort(by_pack[starts[k]:starts[k + 1]]).astype(np.int64))
+            new_bins.append(members)
     new_grids = []
     for g in grids:
         ng = np.where(g == FILLER, FILLER, new_id[np.where(g == FILLER, 0, g)])
@@ -730,9 +754,8 @@ def _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, c
 def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
     cost = np.array([float(np.sum(padded[b].astype(np.float64) ** 2)) for b in bins])
     fillers = 0
-    for g in grids:  # inside a rank: micro-batches in descending cost, fillers last
-        key = np.where(g == FILLER, -np.inf, cost[np.where(g == FILLER, 0, g)] if cost.size else 0.0)
-        g[...] = np.take_along_axis(g, np.argsort(-key, axis=1, kind="stable"), axis=1)
+    for g in grids:
+        _sort_ranks_by_cost(g, cost)
         fillers += int(np.sum(g == FILLER))
     sched = BalancePlan(steps=grids, dp_size=dp, micro_batches=mb, num_fillers=fillers, method=method)
     return SampleBalancePlan(bins=bins, schedule=sched, lengths=padded, capacity=int(capacity),
@@ -838,8 +861,7 @@ def balance_samples(
     padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
     if prefer not in ("goals", "excess"):
         raise ValueError(f"prefer must be 'goals' or 'excess', got {prefer!r}")
-    if formation not in ("auto", "cost", "deficit"):
-        raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
+    _check_formation(formation)
     dp, mb, pad = int(dp_size), int(micro_batches), int(pad_to_multiple_of)
     bins = _initial_packs(padded, capacity, pad, algorithm, seed)
     p = len(bins)
@@ -913,11 +935,7 @@ def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, t
     bin_of = np.full(padded.shape[0], -1, dtype=np.int64)
     if not _lpt_fixed(order, units, int(loose_ids.size), cap_u, bin_of):
         return None
-    by = np.argsort(bin_of[pool], kind="stable")
-    cnt = np.bincount(bin_of[pool], minlength=loose_ids.size)
-    st = np.concatenate([[0], np.cumsum(cnt)])
-    pool_sorted = pool[by]
-    loose_bins = [np.sort(pool_sorted[st[k]:st[k + 1]]).astype(np.int64) for k in range(loose_ids.size)]
+    loose_bins = [np.sort(pool[m]) for m in _members(bin_of[pool], int(loose_ids.size))]
     near_bins = [bins[k] for k in near_ids]
     all_bins = near_bins + loose_bins
     grids = []
@@ -926,18 +944,10 @@ def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, t
         sch = balance_packs(tokens, cost, dp, mb, token_cap=int(capacity), seed=seed, shuffle_steps=False,
                             token_tolerance=tt, cost_tolerance=ct, formation=formation)
         grids += [np.where(gr == FILLER, FILLER, gr + off) for gr in sch.steps]
-    # remainder (partial) step last; shuffle the full ones
-    full = [gr for gr in grids if gr.shape[1] == mb and not np.any(gr == FILLER)]
-    rest = [gr for gr in grids if not (gr.shape[1] == mb and not np.any(gr == FILLER))]
-    if shuffle_steps and len(full) > 1:
-        perm = np.random.default_rng(seed).permutation(len(full))
-        full = [full[k] for k in perm]
-    grids = full + rest
-    if len(rest) > 1:
+    if sum(not _is_full(gr, mb) for gr in grids) > 1:  # both groups left a partial step
         return None
-    if cross_iters is None:
-        cross_iters = 4 * len(grids) + 200
-    return _level(all_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, int(cross_iters), seed)
+    grids = _order_steps(grids, mb, seed, shuffle_steps)
+    return _level(all_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed)
 
 
 def _pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, shuffle_steps, tt, ct, stop,
@@ -991,14 +1001,8 @@ def _pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, s
         if not _pour_sand(srt, units, pack_of, pack_load, bin_packs, mb_of_bin, bin_step, load, step_max,
                           int(capacity // pad)):
             return None
-        nb = len(bins)
-        cnt = np.bincount(pack_of, minlength=nb)
-        by = np.argsort(pack_of, kind="stable")
-        st = np.concatenate([[0], np.cumsum(cnt)])
-        bins = [by[st[k2]:st[k2 + 1]].astype(np.int64) for k2 in range(nb)]
-    if cross_iters is None:
-        cross_iters = 4 * len(grids) + 200
-    return _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, int(cross_iters), seed)
+        bins = _members(pack_of, len(bins))
+    return _level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed)
 
 
 def balance_batch(
