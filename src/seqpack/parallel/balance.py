@@ -1115,28 +1115,27 @@ def _row_score(rt, rc, tt, ct):
 
 
 @njit(cache=True)
+def _cmp(x1, x0):
+    """-1 / 0 / 1: ``x1`` below / within 1e-12 of / above ``x0``."""
+    if x1 < x0 - 1e-12:
+        return -1
+    if x1 > x0 + 1e-12:
+        return 1
+    return 0
+
+
+@njit(cache=True)
 def _better(tp1, cp1, g1, tp0, cp0, g0, stop):
     """Lexicographic: tokens down to 0.9 x target, then cost down to ``stop``, then tokens down to
-    ``stop``, then the tie-break."""
-    a1 = max(tp1, _TOKEN_GUARD)
-    a0 = max(tp0, _TOKEN_GUARD)
-    if a1 < a0 - 1e-12:
-        return True
-    if a1 > a0 + 1e-12:
-        return False
-    b1 = max(cp1, stop)
-    b0 = max(cp0, stop)
-    if b1 < b0 - 1e-12:
-        return True
-    if b1 > b0 + 1e-12:
-        return False
-    c1 = max(tp1, stop)
-    c0 = max(tp0, stop)
-    if c1 < c0 - 1e-12:
-        return True
-    if c1 > c0 + 1e-12:
-        return False
-    return g1 < g0 - 1e-12
+    ``stop``, then the tie-break ``g``."""
+    c = _cmp(max(tp1, _TOKEN_GUARD), max(tp0, _TOKEN_GUARD))
+    if c == 0:
+        c = _cmp(max(cp1, stop), max(cp0, stop))
+    if c == 0:
+        c = _cmp(max(tp1, stop), max(tp0, stop))
+    if c == 0:
+        return g1 < g0 - 1e-12
+    return c < 0
 
 
 @njit(cache=True)
@@ -1341,8 +1340,7 @@ def _level_step(mem, pids, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap
             rc[b] -= dc
             pack_of[i] = q
             pack_of[j] = p
-        if max(btp, _TOKEN_GUARD) < max(tp0, _TOKEN_GUARD) - 1e-12 or max(bcp, stop) < max(cp0, stop) - 1e-12 \
-                or max(btp, stop) < max(tp0, stop) - 1e-12:
+        if _better(btp, bcp, 0.0, tp0, cp0, 0.0, stop):  # better on the key without the tie-break
             idle = 0
         else:
             idle += 1  # only the tie-break improved
