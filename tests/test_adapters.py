@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from _models import random_samples
 from hypothesis import strategies as st
 
 from seqpack.adapters import (
@@ -32,12 +33,7 @@ IGN = -100
 
 
 def _samples(lengths, seed=0, vocab=1000):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, L in enumerate(lengths):
-        ids = rng.integers(1, vocab, L)
-        out.append(Sample(ids, shift_labels(ids, np.ones(L, bool)), sample_id=f"doc{i}"))
-    return out
+    return random_samples(lengths, vocab=vocab, seed=seed, prefix="doc")
 
 
 def test_B18_interior_padding_gather_by_mask():

@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _models import random_samples
 
 from seqpack.adapters import gather_real
 from seqpack.collate import InBatchPackingCollator, PackedCollator, to_hf_inputs
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.data.sample import Sample
 from seqpack.hf import PackedAttentionError, check_hf_inputs, install_packing_guard, packed_forward
 from seqpack.loss import packed_cross_entropy
 
@@ -28,12 +29,7 @@ def _model(impl="sdpa"):
 
 
 def _samples(lengths=(3, 2, 11, 6), seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, L in enumerate(lengths):
-        ids = rng.integers(1, V, L)
-        out.append(Sample(ids, shift_labels(ids, np.ones(L, bool)), sample_id=f"s{i}"))
-    return out
+    return random_samples(lengths, vocab=V, seed=seed)
 
 
 def _alone(model, s):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from _models import random_samples
 
 from seqpack.collate import InBatchPackingCollator, PaddedCollator
-from seqpack.data.sample import Sample, shift_labels
 from seqpack.hf import packed_forward
 from seqpack.moe import load_balancing_loss, router_token_counts
 
@@ -29,12 +28,7 @@ def _moe_model(kind="qwen3_moe"):
 
 
 def _samples(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, L in enumerate(lengths):
-        ids = rng.integers(1, V, L)
-        out.append(Sample(ids, shift_labels(ids, np.ones(L, bool)), sample_id=f"s{i}"))
-    return out
+    return random_samples(lengths, vocab=V, seed=seed)
 
 
 def test_router_token_counts_excludes_padding():
