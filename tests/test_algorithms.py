@@ -235,11 +235,12 @@ def test_B13_half_full_property_any_capacity(algo, cap, data):
 # ------------------------------------------------------------------------------------------------
 # B14: fast implementation equals a simple reference; 1M lengths complete
 # ------------------------------------------------------------------------------------------------
-def ref_ffd(lengths, cap):
-    """Pure-Python first fit decreasing (stable sort: ties by input index)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    bins, rem = [], []
-    for i in order:
+def ref_first_fit(lengths, cap, items, bins=None, rem=None):
+    """Pure-Python first fit of ``items`` (in that order) over ``bins`` with remaining room ``rem``
+    (both extended in place; new packs open at the end). Returns the packs as sorted index lists."""
+    bins = [] if bins is None else bins
+    rem = [] if rem is None else rem
+    for i in items:
         for b in range(len(bins)):
             if rem[b] >= lengths[i]:
                 bins[b].append(i)
@@ -249,6 +250,11 @@ def ref_ffd(lengths, cap):
             bins.append([i])
             rem.append(cap - lengths[i])
     return [sorted(b) for b in bins]
+
+
+def ref_ffd(lengths, cap):
+    """Pure-Python first fit decreasing (stable sort: ties by input index)."""
+    return ref_first_fit(lengths, cap, sorted(range(len(lengths)), key=lambda i: -lengths[i]))
 
 
 def ref_bfd(lengths, cap):
@@ -453,18 +459,7 @@ def ref_mffd(lengths, cap):
         bins[a].append(best)
         rem[a] -= lengths[best]
     placed = {i for b in bins for i in b}
-    for i in order:
-        if i in placed:
-            continue
-        for b in range(len(bins)):
-            if rem[b] >= lengths[i]:
-                bins[b].append(i)
-                rem[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            rem.append(cap - lengths[i])
-    return [sorted(b) for b in bins]
+    return ref_first_fit(lengths, cap, [i for i in order if i not in placed], bins, rem)
 
 
 @pytest.mark.parametrize("seed", range(8))
