@@ -133,25 +133,22 @@ def test_python_construction_and_assignment_are_type_checked():
         c.micro_batch_size = 0
 
 
-def test_file_errors(tmp_path):
+@pytest.mark.parametrize("name, text, match", [
+    ("c.toml", "x = 1", "unsupported config file type"),
+    ("bad.yaml", "seq_length: [1,\n", "not valid YAML"),
+    ("bad.json", "{", "not valid JSON"),
+    ("list.yaml", "- 1\n- 2\n", "expected a mapping"),
+])
+def test_file_errors(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigValidationError, match=match):
+        PackingConfig.from_file(path)
+
+
+def test_missing_and_empty_files(tmp_path):
     with pytest.raises(FileNotFoundError):
         PackingConfig.from_file(tmp_path / "missing.yaml")
-    t = tmp_path / "c.toml"
-    t.write_text("x = 1")
-    with pytest.raises(ConfigValidationError, match="unsupported config file type"):
-        PackingConfig.from_file(t)
-    y = tmp_path / "bad.yaml"
-    y.write_text("seq_length: [1,\n")
-    with pytest.raises(ConfigValidationError, match="not valid YAML"):
-        PackingConfig.from_file(y)
-    j = tmp_path / "bad.json"
-    j.write_text("{")
-    with pytest.raises(ConfigValidationError, match="not valid JSON"):
-        PackingConfig.from_file(j)
-    lst = tmp_path / "list.yaml"
-    lst.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigValidationError, match="expected a mapping"):
-        PackingConfig.from_file(lst)
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert PackingConfig.from_file(empty) == PackingConfig()
