@@ -347,11 +347,8 @@ def _stream_dyn(cfg, ctx):
 
 @_rule("streaming_mtp", "streaming packing with MTP needs the MTP-ready path (text models)")
 def _stream_mtp(cfg, ctx):
-    if ctx.packing != "streaming" or cfg.mtp_num_layers == 0:
-        return []
-    if cfg.mtp_ready_packing and not cfg.is_multimodal:
-        return []
-    if cfg.is_multimodal:  # explained by multimodal_mtp
+    # multimodal models: explained by multimodal_mtp
+    if ctx.packing != "streaming" or cfg.mtp_num_layers == 0 or cfg.mtp_ready_packing or cfg.is_multimodal:
         return []
     return [_v("streaming_mtp", ["packing", "mtp_num_layers", "mtp_ready_packing"],
                f"mtp_num_layers={cfg.mtp_num_layers} rolls input_ids/labels by one token per MTP layer; over a "
