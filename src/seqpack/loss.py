@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from seqpack.packed import IGNORE_INDEX
 
 __all__ = [
     "packed_cross_entropy",

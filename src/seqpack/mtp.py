@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "roll_packed", "roll_sample"]
+from seqpack.packed import IGNORE_INDEX  # label value the loss ignores (re-exported)
 
-#: Label value that the loss ignores.
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "roll_packed", "roll_sample"]
 
 
 def _is_torch(x: Any) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._batch import as_batch
+from seqpack.packed import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+from ._batch import as_batch
 
 __all__ = ["hf_unshifted_labels", "shifted_from_hf_labels", "from_hf_flattening"]
 
