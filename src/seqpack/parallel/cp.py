@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from seqpack.adapters._batch import TOKEN_KEYS
 from seqpack.packed import PackedSequence, trim_cu_seqlens
 from seqpack.padding import compute_pad_multiple, round_up
 
@@ -40,8 +41,8 @@ __all__ = [
     "CP_BOUNDARY_BLIND_BACKENDS",
 ]
 
-#: Per-token fields of a packed row (sliced by CP with one index array).
-PER_TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "seq_idx")
+#: Per-token fields of a packed row (sliced by CP with one index array): the adapters' token keys.
+PER_TOKEN_FIELDS = TOKEN_KEYS
 
 
 class CPConfigError(ValueError):
