@@ -57,10 +57,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from seqpack.packed import _segment_fields, trim_cu_seqlens
+from seqpack.packed import IGNORE_INDEX, _segment_fields, trim_cu_seqlens
 from seqpack.padding import round_up
 
-IGNORE_INDEX = -100
 FORMATS = ("thd", "hf", "megatron")
 HF_ATTN = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+#: label ignore index (PyTorch cross-entropy's default ignore_index); the one definition seqpack imports everywhere.
 IGNORE_INDEX = -100
 
 __all__ = [

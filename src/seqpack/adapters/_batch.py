@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from seqpack.packed import IGNORE_INDEX
+
 TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "seq_idx")
 _TOKEN_DTYPES = {
     "input_ids": "int64",
@@ -106,7 +108,7 @@ def as_batch(packed: Any) -> dict[str, Any]:
         out.setdefault("padding_mask", (pos >= real).unsqueeze(0))
         out.setdefault("position_ids", pos.unsqueeze(0))
     if "labels" in out and "loss_mask" not in out:
-        out["loss_mask"] = out["labels"] != -100
+        out["loss_mask"] = out["labels"] != IGNORE_INDEX
     out["max_seqlen"] = int(src["max_seqlen"]) if src.get("max_seqlen") is not None else int(
         (cup[1:] - cup[:-1]).max()
     )

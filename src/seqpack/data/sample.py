@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-IGNORE_INDEX = -100
+from seqpack.packed import IGNORE_INDEX  # one definition (the label ignore index, -100, as in PyTorch CE)
 
 __all__ = ["IGNORE_INDEX", "Sample", "shift_labels", "SampleRecord", "PrepareReport"]
 

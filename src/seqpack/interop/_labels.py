@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-IGNORE_INDEX = -100
+from seqpack.packed import IGNORE_INDEX
 
 __all__ = ["IGNORE_INDEX", "unshift_per_segment", "shift_per_segment", "segment_bounds"]
 

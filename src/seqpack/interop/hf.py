@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from seqpack.interop._labels import segment_bounds, shift_per_segment, unshift_per_segment
+from seqpack.interop._labels import IGNORE_INDEX, segment_bounds, shift_per_segment, unshift_per_segment
 
 __all__ = ["HF_COLUMNS", "to_hf_dataset", "from_hf_dataset"]
 
@@ -143,7 +143,7 @@ def from_hf_dataset(dataset: Any, *, label_convention: str = "shifted") -> list:
             lens = np.diff(cup.astype(np.int64))
             seg = np.repeat(np.arange(lens.size), lens)
             offs = np.arange(lab.shape[0]) - cup[:-1][seg]
-            lab[offs >= real[seg]] = -100
+            lab[offs >= real[seg]] = IGNORE_INDEX
         sids = r.get("sample_ids") if hasattr(r, "get") else None
         sids = [str(s) for s in sids] if sids is not None else [f"row{i}#seg{k}" for k in range(len(cup) - 1)]
         out.append(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.interop._labels import segment_bounds, shift_per_segment, unshift_per_segment
+from seqpack.interop._labels import IGNORE_INDEX, segment_bounds, shift_per_segment, unshift_per_segment
 
 __all__ = ["to_torchtune", "from_torchtune"]
 
@@ -125,7 +125,7 @@ def from_torchtune(
     labels = shift_per_segment(hf, cup)
     seg = np.repeat(np.arange(lens.size), lens)
     offs = np.arange(T) - cup[:-1][seg]
-    labels[offs >= real[seg]] = -100
+    labels[offs >= real[seg]] = IGNORE_INDEX
     if sample_ids is None:
         sample_ids = [f"{where}#seg{i}" for i in range(lens.size)]
     return PackedSequence.from_boundaries(
