@@ -491,7 +491,7 @@ def test_bench_stream_script_json_matches_its_printed_figures(tmp_path):
 
 
 @pytest.mark.parametrize("command,full,quick", [
-    ("algorithms", "about 3.5 minutes on 2 cores (estimated: ", "--quick (20,000 lengths, 2 repeats): about 25 s"),
+    ("algorithms", "2 min 19 s on 2 cores, peak memory 7.1 GB, TRL at 1,000,000 (measured ", "--quick (20,000 lengths, 2 repeats): about 25 s"),
     ("prepare", "Full default (100,000 synthetic chats, 1 run, plus the 4 real demo files, 3 repeats): about 10 "
                 "minutes on 2 cores (estimated: ", "--quick (2,000 synthetic chats, 1 repeat): about 25 s"),
     ("stream", "about 20 s on 2 cores", "--quick (300,000 and 150,000, 2 repeats): about 10 s"),
