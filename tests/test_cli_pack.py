@@ -99,7 +99,7 @@ def test_user_errors_are_messages_not_tracebacks(tmp_path):
     res = _run("pack", tmp_path / "missing.json", "--output", tmp_path / "o")
     assert "missing.json" in _user_error(res, 1)
     res = _run("pack", "--output", tmp_path / "o", "--algorithm", "magic")
-    assert "unknown algorithm 'magic'" in _user_error(res, 2)
+    assert "unknown packing algorithm 'magic'" in _user_error(res, 2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{not json\n')
     res = _run("pack", bad, "--output", tmp_path / "o", "-q")

@@ -163,7 +163,7 @@ def test_refuses_existing_output_before_tokenizing(sample_pack, monkeypatch):
 
 
 def test_bad_settings_name_their_keys(tmp_path):
-    with pytest.raises(PackConfigError, match="unknown algorithm 'nope'.*balanced_best_fit"):
+    with pytest.raises(PackConfigError, match="unknown packing algorithm 'nope'.*balanced_best_fit"):
         pack_dataset(None, tmp_path / "x", algorithm="nope")
     with pytest.raises(PackConfigError, match="context_parallel_size"):
         pack_dataset(None, tmp_path / "x", context_parallel_size=0)

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from seqpack.packed import IGNORE_INDEX, _segment_fields, trim_cu_seqlens
-from seqpack.padding import round_up
+from seqpack.padding import check_seq_length, round_up
 
 FORMATS = ("thd", "hf", "megatron")
 HF_ATTN = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
@@ -594,10 +594,9 @@ class InBatchPackingCollator:
         m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
         if force_to_pad_to_seq_len and seq_length is None:
             raise ValueError("force_to_pad_to_seq_len=True needs seq_length")
-        if seq_length is not None and seq_length % m:
-            raise ValueError(
-                f"seq_length={seq_length} is not divisible by the pad multiple {m} (pad_to_multiple_of="
-                f"{pad_to_multiple_of}, context_parallel_size={context_parallel_size}); pick a multiple of {m}")
+        if seq_length is not None:
+            check_seq_length(seq_length, m, {"pad_to_multiple_of": pad_to_multiple_of,
+                                             "context_parallel_size": context_parallel_size})
         if label_convention not in ("shifted", "hf"):
             raise ValueError(f"label_convention must be 'shifted' or 'hf', got {label_convention!r}")
         self.pad_token_id = int(pad_token_id)

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from seqpack.padding import check_seq_length
+
 #: label ignore index (PyTorch cross-entropy's default ignore_index); the one definition seqpack imports everywhere.
 IGNORE_INDEX = -100
 
@@ -659,12 +661,8 @@ def build_packed_sequence(
     m = int(pad_to_multiple_of)
     if m != pad_to_multiple_of or m < 1:
         raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
-    if seq_length is not None and seq_length % m:
-        raise ValueError(
-            f"seq_length={seq_length} is not divisible by pad_to_multiple_of={m}; choose seq_length as a "
-            f"multiple of {m} (e.g. {round_up(seq_length, m) - m if seq_length >= m else m} "
-            f"or {round_up(seq_length, m)})"
-        )
+    if seq_length is not None:
+        check_seq_length(seq_length, m, {"pad_to_multiple_of": m})
     if pad_to_max_length and seq_length is None:
         raise ValueError("pad_to_max_length=True needs seq_length")
     lens = np.array([int(s.length) for s in samples], dtype=np.int64)

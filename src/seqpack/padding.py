@@ -1,17 +1,21 @@
-"""The one place where the per-segment pad multiple is computed (case B24).
+"""The one place where the per-segment pad multiple is computed and checked.
 
 Every layer that needs the multiple (planner, row builder, config validation, CP slicing) calls
-:func:`compute_pad_multiple` once and passes the integer on; nobody recomputes it differently.
+:func:`compute_pad_multiple` once and passes the integer on; nobody recomputes it differently
+(docs/cases.md, B24: one pad multiple for planner, builder and metadata). Every layer that needs
+``seq_length`` to be a multiple of it calls :func:`check_seq_length` (or, for a rule that reports
+problem and fix apart, :func:`seq_length_problem`), so the rule and its message exist once.
 This module imports nothing else of seqpack and needs no torch.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["compute_pad_multiple", "round_up"]
+__all__ = ["compute_pad_multiple", "round_up", "seq_length_problem", "check_seq_length"]
 
 
 def compute_pad_multiple(
@@ -70,3 +74,81 @@ def round_up(lengths, multiple: int):
         return -(-int(lengths) // multiple) * multiple
     arr = np.asarray(lengths, dtype=np.int64)
     return -(-arr // multiple) * multiple
+
+
+def seq_length_problem(
+    seq_length: int,
+    multiple: int,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    name: str = "seq_length",
+    flags: Mapping[str, str] | None = None,
+) -> tuple[str, str] | None:
+    """Say why ``seq_length`` is not a multiple of the pad multiple, and what to set instead.
+
+    Args:
+        seq_length: the packed row length in tokens (the planner's capacity).
+        multiple: the pad multiple from :func:`compute_pad_multiple` (>= 1).
+        settings: the settings the multiple came from, named as the user set them
+            (e.g. ``{"pad_to_multiple_of": 1, "context_parallel_size": 2}``); ``None`` entries are left out.
+        name: what the caller calls the row length (``"seq_length"``; ``"capacity"`` inside the
+            algorithms).
+        flags: optional key -> command-line flag (``{"seq_length": "--seq-length"}``); a named key is
+            shown as ``seq_length (--seq-length)``.
+
+    Returns:
+        ``None`` when ``seq_length % multiple == 0``, else ``(problem, fix)``: the problem names the
+        value, the multiple and the settings behind it; the fix names the nearest valid values below and
+        above (only above when the one below would be 0).
+    """
+    if seq_length % multiple == 0:
+        return None
+    flags = flags or {}
+
+    def key(k: str) -> str:
+        return f"{k} ({flags[k]})" if k in flags else k
+
+    named = {k: v for k, v in (settings or {}).items() if v is not None}
+    where = ", ".join(f"{k}={v}" for k, v in named.items())
+    problem = f"{name}={seq_length} is not divisible by the pad multiple {multiple}" + (f" ({where})" if where else "")
+    if int(named.get("context_parallel_size") or 1) > 1:
+        problem += "; context parallelism pads every segment to a multiple of 2*context_parallel_size"
+    lo = seq_length - seq_length % multiple
+    hi = lo + multiple
+    fix = f"set {key(name)} to {lo} or {hi}" if lo > 0 else f"set {key(name)} to {hi}"
+    changeable = [key(k) for k in named if k != name]
+    if changeable:
+        fix += ", or change " + " / ".join(changeable)
+    return problem, fix
+
+
+def check_seq_length(
+    seq_length: int,
+    multiple: int,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    name: str = "seq_length",
+    flags: Mapping[str, str] | None = None,
+    error: type[Exception] = ValueError,
+) -> None:
+    """Raise ``error`` unless ``seq_length`` is a multiple of the pad multiple (message of :func:`seq_length_problem`).
+
+    Args:
+        seq_length, multiple, settings, name, flags: as :func:`seq_length_problem`.
+        error: the exception class to raise (a ``ValueError`` subclass of the calling layer, e.g.
+            ``PackConfigError``).
+
+    Raises:
+        error: ``seq_length % multiple != 0``, with ``"<problem>; <fix>"``.
+
+    Example:
+        >>> check_seq_length(152, compute_pad_multiple(context_parallel_size=2), {"context_parallel_size": 2})
+        >>> try:
+        ...     check_seq_length(150, 4, {"context_parallel_size": 2})
+        ... except ValueError as e:
+        ...     print(str(e).split(";")[0])
+        seq_length=150 is not divisible by the pad multiple 4 (context_parallel_size=2)
+    """
+    found = seq_length_problem(seq_length, multiple, settings, name=name, flags=flags)
+    if found is not None:
+        raise error("; ".join(found))

@@ -34,7 +34,8 @@ import numpy as np
 from seqpack.io.fingerprint import compute_fingerprint, describe_input
 from seqpack.io.metadata import FORMAT_VERSION, PackedMetadata
 from seqpack.io.writer import PackedWriter, check_output_dir
-from seqpack.padding import compute_pad_multiple
+from seqpack.algorithms import resolve_algorithm
+from seqpack.padding import check_seq_length, compute_pad_multiple
 
 __all__ = [
     "NothingToPackError",
@@ -47,7 +48,6 @@ __all__ = [
     "pack_dataset",
     "processor_settings",
     "resolve_image_processor",
-    "resolve_algorithm",
     "sample_data_path",
 ]
 
@@ -69,23 +69,12 @@ def sample_data_path() -> Path:
     return Path(str(resources.files("seqpack") / "resources" / "sample_chat.jsonl"))
 
 
-def resolve_algorithm(algorithm: Any) -> Any:
-    """Return the :class:`~seqpack.algorithms.PackingAlgorithm` for a name/enum (``None`` = default).
-
-    Raises:
-        PackConfigError: unknown name (lists the valid ones).
-    """
-    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
-
-    if algorithm is None:
-        return PackingAlgorithm(DEFAULT_ALGORITHM)
-    if isinstance(algorithm, PackingAlgorithm):
-        return algorithm
-    try:
-        return PackingAlgorithm(str(algorithm).lower().replace("-", "_"))
-    except ValueError:
-        names = ", ".join(a.value for a in PackingAlgorithm)
-        raise PackConfigError(f"unknown algorithm {algorithm!r} (key: algorithm); choose one of: {names}") from None
+#: ``pack_dataset`` keyword -> ``seqpack pack`` flag, for messages that name both.
+PACK_FLAGS = {
+    "seq_length": "--seq-length",
+    "pad_to_multiple_of": "--pad-to-multiple-of",
+    "context_parallel_size": "--context-parallel-size",
+}
 
 
 @dataclass
@@ -143,15 +132,10 @@ def _validate_settings(seq_length: int, pad_to_multiple_of: int, context_paralle
         m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
     except ValueError as e:
         raise PackConfigError(f"{e} (--pad-to-multiple-of / --context-parallel-size)") from None
-    if seq_length % m:
-        lo = (seq_length // m) * m
-        hint = f"{lo} or {lo + m}" if lo else f"{m}"
-        raise PackConfigError(
-            f"seq_length={seq_length} is not divisible by the pad multiple {m} = compute_pad_multiple("
-            f"pad_to_multiple_of={pad_to_multiple_of}, context_parallel_size={context_parallel_size})"
-            + (" (context parallelism needs every segment padded to 2*CP)" if context_parallel_size > 1 else "")
-            + f"; choose --seq-length {hint}, or change --pad-to-multiple-of / --context-parallel-size"
-        )
+    check_seq_length(
+        seq_length, m, {"pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size},
+        flags=PACK_FLAGS, error=PackConfigError,
+    )
     if seq_length // m > MAX_CAPACITY_UNITS:
         need = -(-seq_length // MAX_CAPACITY_UNITS)
         raise PackConfigError(
@@ -788,7 +772,7 @@ def pack_dataset(
     say = log or (lambda _msg: None)
     stages = _Stages(progress)
     m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
-    algo = resolve_algorithm(algorithm)
+    algo = resolve_algorithm(algorithm, error=PackConfigError)
     _validate_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
     output = Path(output)
     check_output_dir(output, overwrite)

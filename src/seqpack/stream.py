@@ -85,7 +85,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.padding import round_up
+from seqpack.algorithms import pack_lengths, resolve_algorithm
+from seqpack.padding import check_seq_length, round_up
 
 __all__ = [
     "StreamingPacker",
@@ -175,9 +176,7 @@ def _resolve_algorithm(algorithm: Any) -> tuple[str, Callable[..., list[np.ndarr
 
         return f"callable:{mod}.{name}", run_callable
 
-    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, pack_lengths
-
-    algo = DEFAULT_ALGORITHM if algorithm is None else PackingAlgorithm(algorithm)
+    algo = resolve_algorithm(algorithm)
 
     def run_pack_lengths(lengths, capacity, seed, mult):
         plan = pack_lengths(
@@ -320,11 +319,7 @@ def _check_capacity(capacity: int, mult: int) -> None:
         raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
     if int(mult) != mult or mult < 1:
         raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {mult!r}")
-    if capacity % mult:
-        raise ValueError(
-            f"capacity {capacity} is not divisible by pad_to_multiple_of {mult}; choose a capacity that "
-            f"is a multiple of it (e.g. {capacity - capacity % mult})"
-        )
+    check_seq_length(capacity, mult, {"pad_to_multiple_of": mult}, name="capacity")
 
 
 # ----------------------------------------------------------------------------------------------

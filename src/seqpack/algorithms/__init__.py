@@ -1,8 +1,8 @@
 """Bin-packing algorithms for sequence packing (pure numpy/numba, no torch, no tokenizer).
 
 Public API: :class:`PackingAlgorithm`, :func:`pack_lengths`, :class:`PackingPlan`,
-:func:`lower_bound_l1`, :func:`lower_bound_l2`, :func:`check_plan`. This package imports nothing
-else of seqpack (it is the bottom layer).
+:func:`lower_bound_l1`, :func:`lower_bound_l2`, :func:`check_plan`. This package imports only the
+ground floor (``seqpack.padding``).
 """
 
 from seqpack.algorithms.core import (  # noqa: F401
@@ -14,6 +14,7 @@ from seqpack.algorithms.core import (  # noqa: F401
     lower_bound_l1,
     lower_bound_l2,
     pack_lengths,
+    resolve_algorithm,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "lower_bound_l1",
     "lower_bound_l2",
     "pack_lengths",
+    "resolve_algorithm",
 ]

@@ -1,4 +1,4 @@
-"""Bin packing of sequence lengths into fixed-capacity packs (imports nothing else of seqpack).
+"""Bin packing of sequence lengths into fixed-capacity packs (imports only the ground floor, ``seqpack.padding``).
 
 Entry point: :func:`pack_lengths` -> :class:`PackingPlan`. Algorithms: :class:`PackingAlgorithm`.
 All kernels are numba-compiled (``seqpack.algorithms._kernels``) and run in O(n log n) or
@@ -7,12 +7,14 @@ O(n log capacity) for any integer capacity (no power-of-two assumption, case B13
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
 from seqpack.algorithms import _kernels as K
+from seqpack.padding import check_seq_length
 
 __all__ = [
     "DEFAULT_ALGORITHM",
@@ -22,6 +24,7 @@ __all__ = [
     "lower_bound_l2",
     "pack_lengths",
     "check_plan",
+    "resolve_algorithm",
     "MAX_CAPACITY_UNITS",
 ]
 
@@ -439,12 +442,35 @@ _IMPL = {
 }
 
 
-def _parse_algorithm(algorithm) -> PackingAlgorithm:
+def resolve_algorithm(algorithm: PackingAlgorithm | str | None, *, error: type[Exception] = ValueError) -> PackingAlgorithm:
+    """The one resolver of algorithm names: enum, name or ``None`` -> :class:`PackingAlgorithm`.
+
+    Names are matched case-insensitively with ``-`` read as ``_`` (``"first-fit-decreasing"`` is
+    ``first_fit_decreasing``); ``None`` is :data:`DEFAULT_ALGORITHM`.
+
+    Args:
+        algorithm: a :class:`PackingAlgorithm`, its name, or ``None``.
+        error: the exception class raised for an unknown name (a ``ValueError`` subclass of the
+            calling layer, e.g. ``PackConfigError``).
+
+    Raises:
+        error: unknown name; the message suggests the closest name and lists every valid one.
+
+    Example:
+        >>> resolve_algorithm("First-Fit-Decreasing")
+        <PackingAlgorithm.first_fit_decreasing: 'first_fit_decreasing'>
+    """
+    if algorithm is None:
+        return DEFAULT_ALGORITHM
+    if isinstance(algorithm, PackingAlgorithm):
+        return algorithm
     try:
-        return PackingAlgorithm(algorithm)
+        return PackingAlgorithm(str(algorithm).lower().replace("-", "_"))
     except ValueError:
-        names = ", ".join(a.value for a in PackingAlgorithm)
-        raise ValueError(f"unknown packing algorithm {algorithm!r}; choose one of: {names}") from None
+        names = [a.value for a in PackingAlgorithm]
+        close = difflib.get_close_matches(str(algorithm), names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise error(f"unknown packing algorithm {algorithm!r}{hint}; choose one of: {', '.join(names)}") from None
 
 
 def pack_lengths(
@@ -488,17 +514,12 @@ def pack_lengths(
     capacity = _as_int("capacity", capacity)
     multiple = _as_int("pad_to_multiple_of", pad_to_multiple_of)
     seed = _as_int("seed", seed)
-    algo = _parse_algorithm(algorithm)
+    algo = resolve_algorithm(algorithm)
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
     if multiple < 1:
         raise ValueError(f"pad_to_multiple_of must be >= 1, got {multiple}")
-    if capacity % multiple:
-        raise ValueError(
-            f"capacity={capacity} is not divisible by pad_to_multiple_of={multiple}; choose a "
-            f"capacity (seq_length) that is a multiple of {multiple}, e.g. "
-            f"{(capacity // multiple) * multiple or multiple}"
-        )
+    check_seq_length(capacity, multiple, {"pad_to_multiple_of": multiple}, name="capacity")
     if capacity // multiple > MAX_CAPACITY_UNITS:
         raise ValueError(
             f"capacity={capacity} / pad_to_multiple_of={multiple} = {capacity // multiple} units "

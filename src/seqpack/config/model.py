@@ -24,23 +24,11 @@ from pydantic_core import PydanticCustomError
 from seqpack.config.errors import ConfigValidationError, Violation
 from seqpack.padding import compute_pad_multiple
 
-try:  # the enum is the source of truth for algorithm names
-    from seqpack.algorithms import DEFAULT_ALGORITHM as _DEFAULT_ALGO
-    from seqpack.algorithms import PackingAlgorithm as _PackingAlgorithm
+from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, resolve_algorithm
 
-    ALGORITHM_VALUES: tuple[str, ...] = tuple(a.value for a in _PackingAlgorithm)
-    DEFAULT_ALGORITHM_VALUE: str = getattr(_DEFAULT_ALGO, "value", str(_DEFAULT_ALGO))
-except ImportError:  # pragma: no cover - only while seqpack.algorithms is being written
-    ALGORITHM_VALUES = (
-        "concatenative",
-        "first_fit_decreasing",
-        "first_fit_shuffle",
-        "best_fit_decreasing",
-        "modified_first_fit_decreasing",
-        "greedy_knapsack",
-        "balanced_greedy_knapsack",
-    )
-    DEFAULT_ALGORITHM_VALUE = "first_fit_decreasing"
+#: valid ``algorithm`` values (the :class:`~seqpack.algorithms.PackingAlgorithm` names).
+ALGORITHM_VALUES: tuple[str, ...] = tuple(a.value for a in PackingAlgorithm)
+DEFAULT_ALGORITHM_VALUE: str = DEFAULT_ALGORITHM.value
 
 #: ``train_on`` values of ``seqpack.data.prepare`` (kept here: config must not import the data layer).
 TRAIN_ON_VALUES: tuple[str, ...] = ("assistant", "all")
@@ -225,12 +213,7 @@ class PackingConfig(BaseModel):
     @field_validator("algorithm", mode="before")
     @classmethod
     def _check_algorithm(cls, v: Any) -> str:
-        v = getattr(v, "value", v)
-        if not isinstance(v, str) or v not in ALGORITHM_VALUES:
-            close = difflib.get_close_matches(str(v), ALGORITHM_VALUES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown packing algorithm {v!r}{hint}; choose one of {', '.join(ALGORITHM_VALUES)}")
-        return v
+        return resolve_algorithm(v).value
 
     @field_validator("train_on", mode="before")
     @classmethod

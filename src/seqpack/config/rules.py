@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from seqpack.config.errors import Violation
 from seqpack.config.registry import Registry, load_registry
+from seqpack.padding import seq_length_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from seqpack.config.model import PackingConfig
@@ -166,16 +167,13 @@ def _gbs(cfg, ctx):
 # ----------------------------------------------------------------------------- pad multiple
 @_rule("seq_length_divisible", "seq_length must be divisible by the effective pad multiple", case="B23")
 def _seq_len(cfg, ctx):
-    if not (ctx.packs or cfg.context_parallel_size > 1) or cfg.seq_length % ctx.eff == 0:
+    if not (ctx.packs or cfg.context_parallel_size > 1):
         return []
-    down = cfg.seq_length // ctx.eff * ctx.eff
-    up = down + ctx.eff
-    choices = f"{down} or {up}" if down > 0 else f"{up}"
-    return [_v("seq_length_divisible", ["seq_length", *_pad_keys(cfg)],
-               f"seq_length={cfg.seq_length} is not divisible by the effective pad multiple {ctx.eff} "
-               f"(compute_pad_multiple: lcm(pad_to_multiple_of={cfg.pad_to_multiple_of}, 2*CP if CP>1, CP*TP if "
-               "sequence_parallel)); every row would fail THD partitioning late",
-               f"use seq_length {choices}", case="B23")]
+    keys = _pad_keys(cfg)
+    found = seq_length_problem(cfg.seq_length, ctx.eff, {k: getattr(cfg, k) for k in keys})
+    if found is None:
+        return []
+    return [_v("seq_length_divisible", ["seq_length", *keys], *found, case="B23")]
 
 
 @_rule("planner_pad_multiple_mismatch", "an explicit planner pad multiple must equal the builder's", case="B24")

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from seqpack.algorithms import resolve_algorithm
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.writer import PackedWriter, check_output_dir
 
@@ -457,7 +458,6 @@ def pack_dataset_ray(
         _validate_policies,
         _validate_settings,
         build_metadata,
-        resolve_algorithm,
     )
 
     t0 = time.perf_counter()
@@ -468,7 +468,7 @@ def pack_dataset_ray(
     if int(packs_per_task) < 1:
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
     m = _validate_settings(seq_length, pad_to_multiple_of, context_parallel_size)
-    algo = resolve_algorithm(algorithm)
+    algo = resolve_algorithm(algorithm, error=PackConfigError)
     _validate_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
     output = Path(output)
     check_output_dir(output, overwrite)

@@ -26,7 +26,7 @@ import numpy as np
 
 from seqpack.adapters._batch import TOKEN_KEYS
 from seqpack.packed import PackedSequence, trim_cu_seqlens
-from seqpack.padding import compute_pad_multiple, round_up
+from seqpack.padding import check_seq_length, compute_pad_multiple, round_up
 
 __all__ = [
     "CPConfigError",
@@ -84,21 +84,12 @@ def check_divisibility(
         raise CPConfigError(f"pad multiple must be >= 1, got {multiple}")
     if seq_length < 1:
         raise CPConfigError(f"seq_length must be >= 1, got {seq_length}")
-    if seq_length % multiple:
-        keys = {
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "context_parallel_size": context_parallel_size,
-            "tensor_model_parallel_size": tensor_model_parallel_size,
-            "sequence_parallel": sequence_parallel,
-        }
-        src = ", ".join(f"{k}={v}" for k, v in keys.items() if v is not None) or "the configured settings"
-        lo = seq_length - seq_length % multiple
-        hi = round_up(seq_length, multiple)
-        raise CPConfigError(
-            f"seq_length={seq_length} is not divisible by the pad multiple {multiple} "
-            f"(compute_pad_multiple({src}); CP needs every segment and the row divisible by 2*CP). "
-            f"Set seq_length to {hi}" + (f" or {lo}" if lo > 0 else "")
-        )
+    check_seq_length(
+        seq_length, multiple,
+        {"pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size,
+         "tensor_model_parallel_size": tensor_model_parallel_size, "sequence_parallel": sequence_parallel},
+        error=CPConfigError,
+    )
 
 
 def cp_partition_indices(cu_seqlens_padded, cp_size: int, cp_rank: int) -> np.ndarray:
