@@ -15,9 +15,12 @@ from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner,
 
 
 def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed):
-    """Sample-level leveling of a pack schedule (in place on the sample->pack map); returns new bins/grids.
+    """Sample-level leveling of a pack schedule: moves and swaps samples between packs, never above ``capacity``.
 
-    ``cross_iters``: budget of cross-step repairs; None = ``4 * number of steps + 200``."""
+    ``bins``: packs (int64 sample indices, may be empty); ``grids``: step grids ``[dp, m]`` of pack ids;
+    ``padded``: int64 [n] lengths rounded up to ``pad``. ``cross_iters``: budget of cross-step repairs;
+    None = ``4 * number of steps + 200``. Returns ``(bins, grids)`` with packs left empty dropped (their
+    slots become :data:`FILLER`)."""
     cross_iters = 4 * len(grids) + 200 if cross_iters is None else int(cross_iters)
     n = padded.shape[0]
     units = (padded // pad).astype(np.int64)
@@ -54,12 +57,12 @@ def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cr
                                                                                                            np.int64)
     full = np.array([g.shape[1] == mb for g in grids], dtype=np.bool_)
     K.level_all(order, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_load, RT, RC, cap_u, tt, ct,
-                 stop, max_iter)
+                stop, max_iter)
     if cross_iters > 0 and int(full.sum()) > 1:
         srt = np.argsort(units, kind="stable").astype(np.int64)
         vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
         K.repair_cross(order, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step,
-                        pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed)
+                       pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed)
     # rebuild bins (drop packs left empty -> fillers) and grids
     new_id = np.full(npk, FILLER, dtype=np.int64)
     new_bins: list[np.ndarray] = []
@@ -76,10 +79,13 @@ def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cr
 
 def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
                      formation, pool_fraction=0.0):
-    """Candidate of :func:`balance_samples`: packs within ``stop * tt`` of the capacity are scheduled
-    among themselves (their tokens already agree); all other packs (and the extra empty ones) pool
-    their samples, which are re-packed into the same number of packs by LPT so that the slack is
-    spread evenly; both groups are scheduled with :func:`balance_packs`, then everything is leveled."""
+    """The "pool" candidate: packs within ``stop * tt`` of the capacity are scheduled among themselves
+    (their tokens already agree); all other packs (and the extra empty ones) pool their samples, which
+    are re-packed into the same number of packs by LPT so that the slack is spread evenly; both groups
+    are scheduled with :func:`~seqpack.parallel.balance.balance_packs`, then everything is leveled.
+
+    ``pool_fraction``: also pool an even sample (in cost order) of the full packs, until the pooled packs
+    are that fraction of all packs. Returns ``(bins, grids)`` or None when this start does not apply or does not fit."""
     units = (padded // pad).astype(np.int64)
     cap_u = int(capacity // pad)
     g = dp * mb
@@ -121,10 +127,13 @@ def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, t
 
 
 def pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, shuffle_steps, tt, ct, stop,
-                     max_iter, cross_iters, formation="cost"):
-    """One candidate of :func:`balance_samples`: optionally lift out the shortest samples ("sand", up to
-    ``sand_fraction`` of the tokens), schedule the remaining packs, pour the sand back where a step's
-    ranks are lowest, then level. Returns ``(bins, grids)`` or None when the sand does not fit back."""
+                    max_iter, cross_iters, formation="cost"):
+    """One candidate start of :func:`~seqpack.parallel.balance.balance_samples`, then leveled.
+
+    ``sand_fraction >= 0``: lift out the shortest samples ("sand", up to that fraction of the tokens),
+    schedule the remaining packs, pour the sand back where a step's ranks are lowest. ``-1`` / ``-2``:
+    the "pool" start (:func:`_pool_then_level`; ``-2`` also pools 10 % of the full packs).
+    Returns ``(bins, grids)`` or None when the start does not fit (e.g. the sand fits nowhere)."""
     n = padded.shape[0]
     if sand_fraction < 0:
         return _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter,
@@ -169,7 +178,7 @@ def pack_then_level(bins, padded, capacity, pad, dp, mb, sand_fraction, seed, sh
         step_max = np.array([load[bin_step == si].max() for si in range(len(grids))])
         srt = sand[np.argsort(-padded[sand], kind="stable")].astype(np.int64)
         if not K.pour_sand(srt, units, pack_of, pack_load, bin_packs, mb_of_bin, bin_step, load, step_max,
-                          int(capacity // pad)):
+                           int(capacity // pad)):
             return None
         bins = members_by_owner(pack_of, len(bins))
     return level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed)

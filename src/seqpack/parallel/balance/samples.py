@@ -178,8 +178,8 @@ def balance_samples(
     for with_extra, frac, form in variants:
         extra = p_ext - p if with_extra else 0
         got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
-                               seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
-                               form)
+                              seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
+                              form)
         if got is None:
             continue
         new_bins, new_grids = got
@@ -257,6 +257,6 @@ def balance_batch(
                           token_tolerance=token_tolerance, cost_tolerance=cost_tolerance, formation="cost")
     grids = [g.copy() for g in sched.steps]
     new_bins, new_grids = level(bins, grids, padded, capacity, pad, dp, mb, token_tolerance, cost_tolerance,
-                                 stop_score, max_iter, 0, seed)
+                                stop_score, max_iter, 0, seed)
     return _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
                    "in-batch: pack_lengths + vector LPT (Graham 1969) + sample-level local search")
