@@ -46,11 +46,18 @@ def pack_costs(bins: Sequence[np.ndarray], lengths, pad_to_multiple_of: int = 1)
     return tokens, cost
 
 
-def score_parts(tl: np.ndarray, cl: np.ndarray, tt: float, ct: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per-step (token spread / tt, (cost max/mean - 1) / ct) from per-rank loads ``[..., dp]``."""
+def step_figures(tl: np.ndarray, cl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, from per-rank token loads ``tl`` and cost loads ``cl`` (float64 ``[..., dp]``): the token
+    spread ``(max - min) / mean`` and the cost ``max / mean`` (float64 ``[...]``; means floored at 1e-12)."""
     tm = np.maximum(tl.mean(axis=-1), 1e-12)
     cm = np.maximum(cl.mean(axis=-1), 1e-12)
-    return (tl.max(axis=-1) - tl.min(axis=-1)) / tm / tt, (cl.max(axis=-1) / cm - 1.0) / ct
+    return (tl.max(axis=-1) - tl.min(axis=-1)) / tm, cl.max(axis=-1) / cm
+
+
+def score_parts(tl: np.ndarray, cl: np.ndarray, tt: float, ct: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step (token spread / tt, (cost max/mean - 1) / ct) from per-rank loads ``[..., dp]``: 1.0 = on target."""
+    spread, ratio = step_figures(tl, cl)
+    return spread / tt, (ratio - 1.0) / ct
 
 
 def cost_ratio_lower_bound(lengths, capacity: int, dp_size: int, micro_batches: int = 1) -> float:

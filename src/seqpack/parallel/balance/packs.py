@@ -10,6 +10,7 @@ from seqpack.parallel.balance.cost import score_parts
 from seqpack.parallel.balance.schedule import (
     FILLER,
     BalancePlan,
+    check_count,
     is_full,
     order_steps,
     sort_ranks_by_cost,
@@ -19,14 +20,14 @@ from seqpack.parallel.balance.search import refine_pairs, repair_worst
 
 
 def _check_inputs(tokens, cost, dp_size, micro_batches, token_cap):
+    """``(tokens int64 [P], cost float64 [P])`` after checking every argument; a pack over ``token_cap`` is
+    named in the ValueError."""
     tokens = np.asarray(tokens, dtype=np.int64)
     cost = np.asarray(cost, dtype=np.float64)
     if tokens.ndim != 1 or cost.shape != tokens.shape:
         raise ValueError(f"tokens and cost must be 1-D of equal length, got {tokens.shape} and {cost.shape}")
-    if int(dp_size) != dp_size or dp_size < 1:
-        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
-    if int(micro_batches) != micro_batches or micro_batches < 1:
-        raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
+    check_count("dp_size", dp_size)
+    check_count("micro_batches", micro_batches)
     if np.any(tokens < 0) or np.any(cost < 0):
         raise ValueError("tokens and cost must be >= 0")
     if token_cap is not None:

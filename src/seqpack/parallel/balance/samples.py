@@ -13,23 +13,23 @@ from seqpack.padding import round_up
 from seqpack.parallel.balance.cost import pack_costs
 from seqpack.parallel.balance.leveling import level, pack_then_level
 from seqpack.parallel.balance.packs import balance_packs, check_formation
-from seqpack.parallel.balance.schedule import FILLER, BalancePlan, SampleBalancePlan, sort_ranks_by_cost
+from seqpack.parallel.balance.schedule import FILLER, BalancePlan, SampleBalancePlan, check_count, sort_ranks_by_cost
 
 
 def _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of):
+    """The lengths rounded up to ``pad_to_multiple_of`` (int64 [n]), after checking every argument.
+
+    Raises ValueError / TypeError naming the bad argument, or the first sample outside [1, capacity]."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1:
         raise ValueError(f"lengths must be 1-D, got shape {lengths.shape}")
     if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
         raise TypeError(f"lengths must be integers (token counts), got dtype {lengths.dtype}")
-    if int(dp_size) != dp_size or dp_size < 1:
-        raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")
-    if micro_batches is not None and (int(micro_batches) != micro_batches or micro_batches < 1):
-        raise ValueError(f"micro_batches must be an integer >= 1, got {micro_batches!r}")
-    if int(capacity) != capacity or capacity < 1:
-        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-    if int(pad_to_multiple_of) != pad_to_multiple_of or pad_to_multiple_of < 1:
-        raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
+    check_count("dp_size", dp_size)
+    if micro_batches is not None:
+        check_count("micro_batches", micro_batches)
+    check_count("capacity", capacity)
+    check_count("pad_to_multiple_of", pad_to_multiple_of)
     if capacity % pad_to_multiple_of:
         raise ValueError(f"capacity={capacity} must be divisible by pad_to_multiple_of={pad_to_multiple_of}")
     padded = round_up(lengths.astype(np.int64), int(pad_to_multiple_of)) if lengths.size else np.zeros(0, np.int64)

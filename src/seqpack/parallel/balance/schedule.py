@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqpack.parallel.balance.cost import pack_costs
+from seqpack.parallel.balance.cost import pack_costs, step_figures
 
 #: Pack id of an empty micro-batch slot in a step grid.
 FILLER = -1
@@ -69,10 +69,8 @@ class BalancePlan:
         if not full.any():
             full[:] = True
         tk, cs = tok[full], cst[full]
-        tmean = tk.mean(axis=1)
-        spread = (tk.max(axis=1) - tk.min(axis=1)) / np.maximum(tmean, 1e-12)
+        spread, ratio = step_figures(tk, cs)
         cmean = cs.mean(axis=1)
-        ratio = cs.max(axis=1) / np.maximum(cmean, 1e-12)
         over = 0
         if token_cap is not None:
             t = np.asarray(tokens)
@@ -168,13 +166,9 @@ class SampleBalancePlan:
         out: dict[str, float] = {"steps": float(sch.num_steps), "fillers": float(sch.num_fillers),
                                  "extra_packs": float(self.extra_packs), "packs": float(len(self.bins))}
 
-        def figs(tk, cs):
-            tm = np.maximum(tk.mean(axis=1), 1e-12)
-            cm = np.maximum(cs.mean(axis=1), 1e-12)
-            return (tk.max(axis=1) - tk.min(axis=1)) / tm, cs.max(axis=1) / cm, cm, cs.max(axis=1)
-
         sel = full if full.any() else ~full
-        sp, ra, cm, cx = figs(tl[sel], cl[sel])
+        sp, ra = step_figures(tl[sel], cl[sel])
+        cm, cx = np.maximum(cl[sel].mean(axis=1), 1e-12), cl[sel].max(axis=1)
         out.update(token_spread_max=float(sp.max()) if sp.size else 0.0,
                    token_spread_mean=float(sp.mean()) if sp.size else 0.0,
                    cost_max_over_mean_worst=float(ra.max()) if ra.size else 1.0,
@@ -182,11 +176,17 @@ class SampleBalancePlan:
                    cost_time_efficiency=float(cm.sum() / max(cx.sum(), 1e-12)),
                    full_steps=float(sel.sum()))
         if full.any() and not full.all():
-            sp2, ra2, _, _ = figs(tl[~full], cl[~full])
+            sp2, ra2 = step_figures(tl[~full], cl[~full])
             out.update(last_token_spread=float(sp2.max()), last_cost_max_over_mean=float(ra2.max()))
         out["over_cap"] = float(int(np.sum(tokens > self.capacity)))
         out["max_pack_tokens"] = float(tokens.max()) if tokens.size else 0.0
         return out
+
+
+def check_count(name: str, value) -> None:
+    """Raise ValueError unless ``value`` (a size such as ``dp_size``) is an integer >= 1; names ``name``."""
+    if int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def step_shape(p: int, dp: int, mb: int) -> list[int]:
