@@ -65,7 +65,7 @@ def balance_packs(
 
     Works on whole, fixed packs, so a step is only as even as its packs are alike (measured at
     dp=8, 1 micro-batch: 0.17-0.49 % token spread when packs differ by 5-20 tokens). To reach
-    0.1 % use :func:`balance_samples`, which re-levels samples between the packs.
+    0.1 % use :func:`~seqpack.parallel.balance.balance_samples`, which re-levels samples between the packs.
 
     Args:
         tokens: int [P] real tokens of each pack.

@@ -86,24 +86,24 @@ def balance_samples(
 ) -> SampleBalancePlan:
     """Pack samples AND schedule them over steps x DP ranks x micro-batches with even work per step.
 
-    Balancing whole pre-built packs (:func:`balance_packs`) cannot even out a step whose packs differ
-    by a few tokens (at 8 ranks x 1 micro-batch of 4096 tokens, 0.1 % is 4 tokens); this works on
-    samples. Method (numpy + numba):
+    Balancing whole pre-built packs (:func:`~seqpack.parallel.balance.balance_packs`) cannot even out a
+    step whose packs differ by a few tokens (at 8 ranks x 1 micro-batch of 4096 tokens, 0.1 % is 4
+    tokens); this works on samples. Method (numpy + numba):
 
     1. **Pack.** :func:`seqpack.algorithms.pack_lengths` (default: balanced best fit) gives ``P``
        packs; ``P`` is rounded up to a multiple of ``dp_size`` with empty packs (at most one extra
        pack per rank), so every step has ``dp_size * m`` micro-batches.
-    2. **Form steps and assign ranks** with :func:`balance_packs` (cost-sorted step bands, Graham's
-       LPT rule (1969) in vector form over tokens and cost, min-max swap repair). Three candidate
-       starts are built and the best kept (fewest goals missed, then least excess): (a) "pool":
-       packs already within ``stop_score * token_tolerance`` of the capacity are scheduled among
-       themselves, all other samples (and the extra packs) are re-packed into as many packs with
-       even loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over
-       many steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of
-       the tokens) are lifted out, the rest scheduled, and the sand poured back where a step's
-       ranks are lowest. When none of these meets both goals, a variant without extra packs
-       (remainder step with filler slots) and one with steps grouped by token deficit (long
-       samples of equal length together) are tried too.
+    2. **Form steps and assign ranks** with :func:`~seqpack.parallel.balance.balance_packs` (cost-sorted
+       step bands, Graham's LPT rule (1969) in vector form over tokens and cost, min-max swap repair).
+       Three candidate starts are built and the best kept (fewest goals missed, then least excess): (a)
+       "pool": packs already within ``stop_score * token_tolerance`` of the capacity are scheduled among
+       themselves, all other samples (and the extra packs) are re-packed into as many packs with even
+       loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over many
+       steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of the
+       tokens) are lifted out, the rest scheduled, and the sand poured back where a step's ranks are
+       lowest. When none of these meets both goals, a variant without extra packs (remainder step with
+       filler slots) and one with steps grouped by token deficit (long samples of equal length together)
+       are tried too.
     3. **Level samples inside each step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
        the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
@@ -140,7 +140,7 @@ def balance_samples(
         max_iter: best-improvement iterations per step and leveling call.
         cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 200``; 0 disables).
         sand_fractions: token fractions tried for the "sand" candidates (None = ``(0.0, 0.1)``).
-        formation: step formation of :func:`balance_packs` for the main candidates.
+        formation: step formation of :func:`~seqpack.parallel.balance.balance_packs` for the main candidates.
         prefer: how the best candidate is chosen: ``"goals"`` (default) = fewest goals missed
             (token spread <= ``token_tolerance``, cost max/mean <= 1 + ``cost_tolerance`` on the worst
             full step), then least summed excess; ``"excess"`` = least summed excess
