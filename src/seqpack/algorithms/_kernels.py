@@ -479,7 +479,7 @@ def _first_le(dval, lo, hi, r):
 
 
 @njit(cache=True)
-def mbs(sizes, cap, budget):
+def min_slack(sizes, cap, budget):
     """Minimum Bin Slack (Gupta & Ho 1999), item-oriented variant with a bounded search: each
     pack starts with the largest remaining item, then a depth-first search over the distinct
     remaining sizes (largest first, as many copies as fit, then backtracking) keeps the subset

@@ -93,7 +93,8 @@ class PackingPlan:
         algorithm: the :class:`PackingAlgorithm` used.
         capacity: tokens per pack.
         pad_to_multiple_of: the multiple every length was rounded up to.
-        detail: free-form diagnostics (e.g. which portfolio member won).
+        detail: free-form diagnostics (e.g. ``winner``, the portfolio member that won: ``"bfd"``,
+            ``"mffd"``, ``"ffd"`` or ``"mbs"`` = minimum bin slack).
     """
 
     bins: list
@@ -380,10 +381,10 @@ def _level_tol(cap: int) -> int:
 #: above L2 (on 1M SFT lengths BFD lands at L1 + 2, where the portfolio would only cost time).
 PORTFOLIO_ALWAYS_ITEMS = 200_000
 PORTFOLIO_GAP = 1e-4
-#: MBS member: search steps per pack, and when it runs (few items, or few distinct sizes).
-MBS_BUDGET = 2000
-MBS_MAX_ITEMS = 200_000
-MBS_MAX_DISTINCT = 256
+#: Minimum-bin-slack member: search steps per pack, and when it runs (few items, or few distinct sizes).
+MIN_SLACK_BUDGET = 2000
+MIN_SLACK_MAX_ITEMS = 200_000
+MIN_SLACK_MAX_DISTINCT = 256
 
 
 def _n_distinct(sizes, cap) -> int:
@@ -415,8 +416,9 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
         if nb > l2 and (sizes.size <= PORTFOLIO_ALWAYS_ITEMS or nb - l2 > PORTFOLIO_GAP * l2):
             cands = [("mffd", lambda: K.mffd(sizes, cap)),
                      ("ffd", lambda: K.first_fit(sizes, K.desc_order(sizes, cap), cap, _EMPTY))]
-            if sizes.size <= MBS_MAX_ITEMS or _n_distinct(sizes, cap) <= MBS_MAX_DISTINCT:
-                cands.append(("mbs", lambda: K.mbs(sizes, cap, MBS_BUDGET)))
+            if sizes.size <= MIN_SLACK_MAX_ITEMS or _n_distinct(sizes, cap) <= MIN_SLACK_MAX_DISTINCT:
+                # "mbs" (minimum bin slack, not micro-batch size): the label reported in detail["winner"]
+                cands.append(("mbs", lambda: K.min_slack(sizes, cap, MIN_SLACK_BUDGET)))
             for name, fn in cands:
                 b2, n2 = fn()
                 if n2 < nb:

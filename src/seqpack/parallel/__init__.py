@@ -4,11 +4,12 @@
   source of truth) and :func:`check_divisibility`;
 * context parallelism: :func:`cp_partition_indices`, :func:`slice_for_cp`, :func:`gather_from_cp`
   (per-segment zigzag as in Transformer Engine's THD partitioning), :func:`validate_cp_attention`;
-* data parallelism: :func:`balance_samples` (pack + schedule samples so every step's DP ranks get even
-  tokens and attention cost), :func:`balance_batch` (in-batch), :func:`balance_packs` (fixed packs);
+* data parallelism (:mod:`seqpack.parallel.balance`): :func:`balance_samples` (pack + schedule samples so
+  every step's DP ranks get even tokens and attention cost), :func:`balance_batch` (in-batch),
+  :func:`balance_packs` (fixed packs);
 * reference attention (torch): :mod:`seqpack.parallel.attention`, :mod:`seqpack.parallel.reference`.
 
-Importing this package needs numpy only; the attention reference needs torch.
+Importing this package needs numpy and numba only; the attention reference needs torch.
 """
 
 from seqpack.padding import compute_pad_multiple, round_up  # noqa: F401  (re-export, not reimplemented)

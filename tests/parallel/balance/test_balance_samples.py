@@ -1,4 +1,4 @@
-"""Sample-level DP balance: seqpack.parallel.balance.balance_samples / balance_batch (issue #5 section 4)."""
+"""Sample-level DP balance: seqpack.parallel.balance.balance_samples / balance_batch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DP work balance (seqpack.parallel.balance)."""
+"""DP work balance over fixed packs: seqpack.parallel.balance.balance_packs, the cost model, round-robin."""
 
 from __future__ import annotations
 

@@ -1,0 +1,262 @@
+"""Pack and balance samples jointly: :func:`balance_samples` (a whole data set over many steps) and
+:func:`balance_batch` (one global batch). Method: docs/notes/balance.md and the docstrings below.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+from seqpack.padding import round_up
+from seqpack.parallel.balance.cost import pack_costs
+from seqpack.parallel.balance.leveling import level, pack_then_level
+from seqpack.parallel.balance.packs import balance_packs, check_formation
+from seqpack.parallel.balance.schedule import FILLER, BalancePlan, SampleBalancePlan, check_count, sort_ranks_by_cost
+
+
+def _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of):
+    """The lengths rounded up to ``pad_to_multiple_of`` (int64 [n]), after checking every argument.
+
+    Raises ValueError / TypeError naming the bad argument, or the first sample outside [1, capacity]."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {lengths.shape}")
+    if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"lengths must be integers (token counts), got dtype {lengths.dtype}")
+    check_count("dp_size", dp_size)
+    if micro_batches is not None:
+        check_count("micro_batches", micro_batches)
+    check_count("capacity", capacity)
+    check_count("pad_to_multiple_of", pad_to_multiple_of)
+    if capacity % pad_to_multiple_of:
+        raise ValueError(f"capacity={capacity} must be divisible by pad_to_multiple_of={pad_to_multiple_of}")
+    padded = round_up(lengths.astype(np.int64), int(pad_to_multiple_of)) if lengths.size else np.zeros(0, np.int64)
+    bad = np.flatnonzero((padded < 1) | (padded > capacity))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"sample {i} has length {int(lengths[i])} (padded {int(padded[i])}), outside [1, capacity={capacity}] "
+            f"({bad.size} samples); truncate/split over-long samples before balancing (prepare overlength=...)")
+    return padded
+
+
+def _initial_packs(padded, capacity, pad, algorithm, seed):
+    if padded.size == 0:
+        return []
+    plan = pack_lengths(padded, int(capacity), algorithm if algorithm is not None else DEFAULT_ALGORITHM,
+                        seed=seed, pad_to_multiple_of=int(pad), shuffle_packs=False)
+    return [np.asarray(b, dtype=np.int64) for b in plan.bins]
+
+
+def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
+    cost = np.array([float(np.sum(padded[b].astype(np.float64) ** 2)) for b in bins])
+    fillers = 0
+    for g in grids:
+        sort_ranks_by_cost(g, cost)
+        fillers += int(np.sum(g == FILLER))
+    sched = BalancePlan(steps=grids, dp_size=dp, micro_batches=mb, num_fillers=fillers, method=method)
+    return SampleBalancePlan(bins=bins, schedule=sched, lengths=padded, capacity=int(capacity),
+                             pad_to_multiple_of=int(pad), extra_packs=int(extra), method=method)
+
+
+_SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, then sample-level "
+                  "local search (moves/swaps between a step's ranks, and length-matched swaps with other steps)")
+
+
+def balance_samples(
+    lengths,
+    capacity: int,
+    dp_size: int,
+    micro_batches: int = 1,
+    *,
+    pad_to_multiple_of: int = 1,
+    algorithm=None,
+    seed: int = 0,
+    shuffle_steps: bool = True,
+    token_tolerance: float = 1e-3,
+    cost_tolerance: float = 0.05,
+    stop_score: float = 0.5,
+    max_iter: int = 40,
+    cross_iters: int | None = None,
+    sand_fractions: Sequence[float] | None = None,
+    formation: str = "cost",
+    prefer: str = "goals",
+) -> SampleBalancePlan:
+    """Pack samples AND schedule them over steps x DP ranks x micro-batches with even work per step.
+
+    Balancing whole pre-built packs (:func:`~seqpack.parallel.balance.balance_packs`) cannot even out a
+    step whose packs differ by a few tokens (at 8 ranks x 1 micro-batch of 4096 tokens, 0.1 % is 4
+    tokens); this works on samples. Method (numpy + numba):
+
+    1. **Pack.** :func:`seqpack.algorithms.pack_lengths` (default: balanced best fit) gives ``P``
+       packs; ``P`` is rounded up to a multiple of ``dp_size`` with empty packs (at most one extra
+       pack per rank), so every step has ``dp_size * m`` micro-batches.
+    2. **Form steps and assign ranks** with :func:`~seqpack.parallel.balance.balance_packs` (cost-sorted
+       step bands, Graham's LPT rule (1969) in vector form over tokens and cost, min-max swap repair).
+       Three candidate starts are built and the best kept (fewest goals missed, then least excess): (a)
+       "pool": packs already within ``stop_score * token_tolerance`` of the capacity are scheduled among
+       themselves, all other samples (and the extra packs) are re-packed into as many packs with even
+       loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over many
+       steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of the
+       tokens) are lifted out, the rest scheduled, and the sand poured back where a step's ranks are
+       lowest. When none of these meets both goals, a variant without extra packs (remainder step with
+       filler slots) and one with steps grouped by token deficit (long samples of equal length together)
+       are tried too.
+    3. **Level samples inside each step** (local search, best improvement): move one sample to
+       another rank's pack, swap two samples between ranks, or exchange one sample for two between
+       the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
+       lexicographic: token spread down to 0.9 x ``token_tolerance`` first, then cost max/mean down
+       to ``1 + stop_score * cost_tolerance``, then tokens further, then summed squared deviations.
+    4. **Cross-step repair** (min-max local search): the worst step swaps one sample with a sample
+       of another full step whose length differs by at most the step's spread (<= 64 tokens, found
+       through a length index); the partner must stay within max(its old figures, 0.9 x target),
+       re-leveled if needed, else the swap is undone. A swap keeps each step's sample count, and
+       every sample stays scheduled exactly once.
+
+    Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
+    is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
+    ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
+    tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
+
+    Limits (measured in ``benchmarks/bench_balance.py``): with one micro-batch per rank and packs
+    that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move can
+    even the step unless short enough samples exist; the cost goal can be provably out of reach
+    (:func:`cost_ratio_lower_bound`).
+
+    Args:
+        lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.
+        capacity: tokens per micro-batch (packed row length).
+        dp_size: DP world size.
+        micro_batches: micro-batches (packs) per rank per step (gradient accumulation).
+        pad_to_multiple_of: segment pad multiple (capacity must be divisible by it); lengths are
+            rounded up to it for the cap and for both balance measures.
+        algorithm: :class:`seqpack.algorithms.PackingAlgorithm` for step 1 (None = default).
+        seed: seed for packing, the step order and the repair's random choices.
+        shuffle_steps: shuffle steps (the remainder step stays last).
+        token_tolerance, cost_tolerance: scales of the step score (targets: 0.1 %, 1.05).
+        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target).
+        max_iter: best-improvement iterations per step and leveling call.
+        cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 200``; 0 disables).
+        sand_fractions: token fractions tried for the "sand" candidates (None = ``(0.0, 0.1)``).
+        formation: step formation of :func:`~seqpack.parallel.balance.balance_packs` for the main candidates.
+        prefer: how the best candidate is chosen: ``"goals"`` (default) = fewest goals missed
+            (token spread <= ``token_tolerance``, cost max/mean <= 1 + ``cost_tolerance`` on the worst
+            full step), then least summed excess; ``"excess"`` = least summed excess
+            ``max(spread/tt, 1) + max((cost-1)/ct, 1)`` first (can keep a lower attention cost where
+            meeting the token goal would raise it).
+
+    Returns:
+        :class:`SampleBalancePlan`; every sample in exactly one micro-batch; no micro-batch above
+        ``capacity``; every step has a multiple of ``dp_size`` micro-batches, the last step
+        ``ceil(rest / dp_size)`` per rank; empty micro-batches (fillers) only where there are fewer
+        samples than slots.
+
+    Raises:
+        ValueError / TypeError: bad sizes, non-integer lengths, a sample outside [1, capacity]
+        (names the sample index).
+    """
+    padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
+    if prefer not in ("goals", "excess"):
+        raise ValueError(f"prefer must be 'goals' or 'excess', got {prefer!r}")
+    check_formation(formation)
+    dp, mb, pad = int(dp_size), int(micro_batches), int(pad_to_multiple_of)
+    bins = _initial_packs(padded, capacity, pad, algorithm, seed)
+    p = len(bins)
+    p_ext = -(-p // dp) * dp
+    if sand_fractions is None:
+        sand_fractions = (0.0, 0.1)
+    # "pool" (sand value -1: full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs)
+    variants = [(True, -1.0, formation), (True, -2.0, formation)]
+    variants += [(True, float(f), formation) for f in sand_fractions]
+    if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
+        variants.append((False, 0.0, "auto"))
+    # steps grouped by token deficit (equal-length long samples together): tokens even, cost may suffer
+    variants.append((False, 0.0, "deficit"))
+    best = None
+    for with_extra, frac, form in variants:
+        extra = p_ext - p if with_extra else 0
+        got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
+                              seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
+                              form)
+        if got is None:
+            continue
+        new_bins, new_grids = got
+        what = {True: f", sand {frac:g} of tokens re-poured", False: ""}[frac > 0] if frac >= 0 else \
+            ", full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
+                                                                       else "")
+        plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
+                       _SAMPLE_METHOD + f" ({form} formation{what}, {extra} extra packs)")
+        st = plan.stats()
+        tp = st["token_spread_max"] / token_tolerance
+        cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
+        # "goals": fewest goals missed first; "excess": least summed excess over the targets (the
+        # figure closer to step time when a goal is out of reach); then the worse part, the mean spread
+        missed = int(tp > 1.0) + int(cp > 1.0)
+        excess = max(tp, 1.0) + max(cp, 1.0)
+        key = ((missed, excess) if prefer == "goals" else (excess, missed)) + (max(tp, cp), st["token_spread_mean"])
+        if best is None or key < best[0]:
+            best = (key, plan)
+        if key[0] == 0:  # both goals met: stop trying variants
+            break
+    return best[1]
+
+
+def balance_batch(
+    lengths,
+    capacity: int,
+    dp_size: int,
+    micro_batches: int | None = None,
+    *,
+    pad_to_multiple_of: int = 1,
+    algorithm=None,
+    seed: int = 0,
+    token_tolerance: float = 1e-3,
+    cost_tolerance: float = 0.05,
+    stop_score: float = 0.5,
+    max_iter: int = 500,
+) -> SampleBalancePlan:
+    """In-batch packing: split ONE global batch of samples over DP ranks and micro-batches.
+
+    The batch is packed with :func:`seqpack.algorithms.pack_lengths`, packs are dealt to ranks by
+    vector LPT (Graham 1969), then samples are moved/swapped between ranks (as in
+    :func:`balance_samples` step 3) to even tokens and attention cost. Use it when the data loader
+    yields a global batch of samples per optimizer step.
+
+    Args:
+        lengths: int [n] the batch's sample lengths (tokens).
+        capacity: tokens per micro-batch.
+        dp_size: DP world size.
+        micro_batches: micro-batches per rank; None = the fewest that hold the batch
+            (``ceil(packs / dp_size)``).
+        pad_to_multiple_of, algorithm, seed, token_tolerance, cost_tolerance, stop_score, max_iter:
+            as in :func:`balance_samples`.
+
+    Returns:
+        :class:`SampleBalancePlan` with one step; ``plan.step(0)[rank][m]`` = sample indices.
+
+    Raises:
+        ValueError: the batch needs more than ``dp_size * micro_batches`` packs (says how many
+            micro-batches would fit it), plus the checks of :func:`balance_samples`.
+    """
+    padded = _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multiple_of)
+    dp, pad = int(dp_size), int(pad_to_multiple_of)
+    bins = _initial_packs(padded, capacity, pad, algorithm, seed)
+    p = len(bins)
+    need = max(1, -(-p // dp))
+    mb = need if micro_batches is None else int(micro_batches)
+    if p > dp * mb:
+        raise ValueError(
+            f"the batch of {padded.size} samples ({int(padded.sum())} tokens) needs {p} packs of capacity {capacity}, "
+            f"more than dp_size*micro_batches = {dp}*{mb}; set micro_batches >= {need} or send a smaller batch")
+    extra = dp * mb - p
+    bins = bins + [np.zeros(0, dtype=np.int64)] * extra
+    tokens, cost = pack_costs(bins, padded)
+    sched = balance_packs(tokens, cost, dp, mb, token_cap=int(capacity), seed=seed, shuffle_steps=False,
+                          token_tolerance=token_tolerance, cost_tolerance=cost_tolerance, formation="cost")
+    grids = [g.copy() for g in sched.steps]
+    new_bins, new_grids = level(bins, grids, padded, capacity, pad, dp, mb, token_tolerance, cost_tolerance,
+                                stop_score, max_iter, 0, seed)
+    return _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
+                   "in-batch: pack_lengths + vector LPT (Graham 1969) + sample-level local search")
