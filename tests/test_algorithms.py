@@ -388,11 +388,11 @@ def test_leveling_uses_swaps_when_sand_is_scarce():
 
 
 def test_empty_packs_from_a_kernel_are_dropped(monkeypatch):
-    from seqpack.algorithms import core
+    from seqpack.algorithms import core, strategies
 
     algo = PackingAlgorithm.balanced_greedy_knapsack
     def five_x(sizes, cap, seed):
-        return core._pack_balanced_greedy_knapsack(sizes, cap, seed, factor=5.0)
+        return strategies._pack_balanced_greedy_knapsack(sizes, cap, seed, factor=5.0)
 
     monkeypatch.setitem(core._IMPL, algo, five_x)
     plan = pack_lengths([3, 3], 8, algo)  # factor 5 opens 5 packs up front, 3 stay empty

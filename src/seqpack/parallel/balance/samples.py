@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
-from seqpack.padding import round_up
+from seqpack.padding import check_seq_length, round_up
 from seqpack.parallel.balance.cost import pack_costs
 from seqpack.parallel.balance.leveling import level, pack_then_level
 from seqpack.parallel.balance.packs import balance_packs, check_formation
@@ -30,8 +30,7 @@ def _check_sample_args(lengths, capacity, dp_size, micro_batches, pad_to_multipl
         check_count("micro_batches", micro_batches)
     check_count("capacity", capacity)
     check_count("pad_to_multiple_of", pad_to_multiple_of)
-    if capacity % pad_to_multiple_of:
-        raise ValueError(f"capacity={capacity} must be divisible by pad_to_multiple_of={pad_to_multiple_of}")
+    check_seq_length(capacity, pad_to_multiple_of, {"pad_to_multiple_of": pad_to_multiple_of}, name="capacity")
     padded = round_up(lengths.astype(np.int64), int(pad_to_multiple_of)) if lengths.size else np.zeros(0, np.int64)
     bad = np.flatnonzero((padded < 1) | (padded > capacity))
     if bad.size:
