@@ -57,7 +57,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from seqpack.interop._labels import IGNORE_INDEX, segment_bounds
+from seqpack.packed import PackedSequence, real_boundaries, segment_fields
+from seqpack.sample import IGNORE_INDEX
 from seqpack.padding import round_up
 
 __all__ = [
@@ -111,7 +112,7 @@ def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | Non
         pad_to_multiple_of = int((getattr(pack, "extra", None) or {}).get("pad_to_multiple_of") or 1)
     ids = np.asarray(pack.input_ids, dtype=np.int64)
     lab = np.asarray(pack.labels, dtype=np.int64)
-    cu, cup, n = segment_bounds(pack)
+    cu, cup, n = real_boundaries(pack)
     sample_ids = [str(s) for s in (getattr(pack, "sample_ids", None) or [f"segment-{i}" for i in range(n)])]
     T = int(cup[-1]) if n else 0
     real = np.diff(cu)
@@ -196,8 +197,6 @@ def from_bridge_row(
         ValueError: malformed row (lengths differ, bad ``seq_start_id``, a stored segment shorter than 2,
             ``seq_lens`` out of range, ``total_length`` smaller than the runtime total), naming ``where``.
     """
-    from seqpack.packed import PackedSequence
-
     ids = np.asarray(input_ids, dtype=np.int64)
     lm = np.asarray(loss_mask).astype(bool)
     st = np.asarray(seq_start_id, dtype=np.int64)
@@ -236,9 +235,7 @@ def from_bridge_row(
     cup = np.concatenate([[0], np.cumsum(runtime)])
     cu = np.concatenate([[0], np.cumsum(real)])
     # slots past a segment's real length are padding: never labelled
-    seg = np.repeat(np.arange(n), runtime)
-    offs = np.arange(tok.shape[0]) - cup[:-1][seg]
-    is_pad = offs >= real[seg]
+    is_pad = segment_fields(cup, real)[1]
     lab[is_pad] = IGNORE_INDEX
     if seq_lens is not None:
         tok[is_pad] = int(pad_token_id)
