@@ -10,9 +10,9 @@
 - :func:`to_hf_inputs` -- the keyword arguments of a transformers causal LM's ``forward``.
 """
 
+from .attention import additive_mask, dense_block_causal_mask, flash_attn_kwargs, flex_block_mask, sdpa_mask
 from .batch import as_batch
 from .hf_forward import MEDIA_KEYS, to_hf_inputs
-from .attention import additive_mask, dense_block_causal_mask, flash_attn_kwargs, flex_block_mask, sdpa_mask
 from .labels import from_hf_flattening, hf_unshifted_labels, shifted_from_hf_labels
 from .megatron import PackedSeqParamsLike, to_megatron
 from .tokens import gather_real, real_token_indices, scatter_real, segments_from_doc_ids

@@ -8,7 +8,7 @@ keyword arguments of a transformers causal LM (:func:`seqpack.adapters.to_hf_inp
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from seqpack.packed import PackedSequence, trim_cu_seqlens
-from seqpack.padding import check_seq_length, compute_pad_multiple, round_up
+from seqpack.padding import check_seq_length, compute_pad_multiple
 from seqpack.sample import TOKEN_FIELDS
 
 __all__ = [
