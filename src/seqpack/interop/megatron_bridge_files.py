@@ -56,7 +56,7 @@ def _resolve_source(source: Any, pack_size, pad_to_multiple_of, pad_token_id):
     """Accept a seqpack dataset dir, a PackedDataset, or an iterable of packs; fill defaults from metadata."""
     meta = None
     if isinstance(source, (str, os.PathLike)):
-        from seqpack.io import load_packed
+        from seqpack.io import load_packed  # deferred: pyarrow
 
         source = load_packed(source)
     meta = getattr(source, "metadata", None)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import (
     REPORT_FILE,
     PackedDatasetError,
@@ -392,8 +393,6 @@ def load_packed(
                 "the file was modified or truncated, re-pack the data"
             )
         if verify:
-            from seqpack.io.fingerprint import sha256_file
-
             if not s.sha256:
                 raise PackedDatasetError(f"{p}: shard {s.file} has no sha256 in metadata.json; cannot verify it")
             got = sha256_file(f)
