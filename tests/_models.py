@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.sample import Sample, shift_labels
 
 
 def random_samples(lengths, *, vocab: int, seed: int = 0, prefix: str = "s") -> list[Sample]:

@@ -22,7 +22,7 @@ import torch
 
 from seqpack.adapters import gather_real
 from seqpack.collate import InBatchPackingCollator, PackedCollator, PaddedCollator, to_hf_inputs
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.hf import packed_forward
 from seqpack.loss import packed_cross_entropy
 

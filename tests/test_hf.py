@@ -12,7 +12,7 @@ from _models import random_samples
 
 from seqpack.adapters import gather_real
 from seqpack.collate import InBatchPackingCollator, PackedCollator, to_hf_inputs
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.hf import PackedAttentionError, check_hf_inputs, install_packing_guard, packed_forward
 from seqpack.loss import packed_cross_entropy
 

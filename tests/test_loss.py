@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from seqpack.collate import InBatchPackingCollator
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.loss import (
     chunked_cross_entropy,
     global_token_count,

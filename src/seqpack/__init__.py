@@ -24,7 +24,7 @@ _LAZY = {
     "build_packed_sequence": "seqpack.packed",
     "prepare": "seqpack.data",
     "load_tokenizer": "seqpack.data",
-    "Sample": "seqpack.data.sample",
+    "Sample": "seqpack.sample",
     "PackingConfig": "seqpack.config",
 }
 
@@ -40,8 +40,9 @@ __all__ = [
 
 #: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
 _SUBMODULES = {
-    "adapters", "algorithms", "bench", "collate", "config", "data", "engines", "hf", "interop", "io",
-    "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "report", "stream", "train",
+    "accounting", "adapters", "algorithms", "bench", "collate", "config", "data", "engines", "hf", "interop",
+    "io", "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "report", "sample", "stream",
+    "train",
 }
 
 

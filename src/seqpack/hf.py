@@ -26,7 +26,7 @@ A 4-D mask is used by ``masking_utils`` exactly as given (early exit), whatever 
 Image rows (Qwen2-VL style VLMs): HF computes M-RoPE (``get_rope_index``) only when ``position_ids`` is
 ``None``; a ``[1, T]`` packed ``position_ids`` makes it rotate image tokens with text positions. So
 image rows get ``position_ids`` ``[3, 1, T]``: each segment's M-RoPE table, restarting per segment
-(``seqpack.data.media.packed_mrope_position_ids``), and an image row without ``pixel_values`` is refused.
+(``seqpack.packed.mrope.packed_mrope_position_ids``), and an image row without ``pixel_values`` is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ from typing import Any, Mapping
 
 import torch
 
-from seqpack.collate import HF_ATTN, to_hf_inputs
+from seqpack.adapters import as_batch, to_hf_inputs
+from seqpack.collate import PackedCollator
+from seqpack.loss import packed_cross_entropy
+from seqpack.moe import load_balancing_loss
+from seqpack.packed.masks import ATTN_IMPLEMENTATIONS
 
 __all__ = ["PackedAttentionError", "packed_forward", "check_hf_inputs", "install_packing_guard", "hf_inputs"]
 
@@ -156,8 +160,6 @@ def _as_mapping(batch: Any) -> Mapping[str, Any]:
     (``PackedCollator()([row])``: media concatenated, M-RoPE table carried)."""
     if isinstance(batch, Mapping):
         return batch
-    from seqpack.collate import PackedCollator
-
     return PackedCollator()([batch])
 
 
@@ -182,15 +184,15 @@ def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Ma
 
 
 def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The forward kwargs :func:`packed_forward` passes (see ``seqpack.collate.to_hf_inputs``), on the model's device.
+    """The forward kwargs :func:`packed_forward` passes (see ``seqpack.adapters.to_hf_inputs``), on the model's device.
 
     ``batch`` may also be a ``PackedSequence`` (converted with ``PackedCollator()([row])``). Image
     rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from ``image_grid_thw`` and the config's
     ``image_token_id`` / ``vision_config.spatial_merge_size`` when the batch has no table).
     """
     impl = getattr(model.config, "_attn_implementation", None)
-    if impl not in HF_ATTN:
-        raise ValueError(f"packed_forward supports attn_implementation in {HF_ATTN}; model has {impl!r}")
+    if impl not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"packed_forward supports attn_implementation in {ATTN_IMPLEMENTATIONS}; model has {impl!r}")
     batch = _as_mapping(batch)
     device, dtype = _model_device_dtype(model)
     tok, merge = _image_config(model)
@@ -257,8 +259,6 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
     num_items = kwargs.pop("num_items_in_batch", None)
     out = model(**inputs, **kwargs)
     if shift is not None:
-        from seqpack.loss import packed_cross_entropy
-
         ls, n = packed_cross_entropy(out.logits, shift)
         denom = torch.as_tensor(num_items if num_items is not None else n, device=ls.device)
         out.loss = ls / denom.clamp(min=1).to(ls.dtype)
@@ -271,8 +271,6 @@ def _moe_forward(model, batch, inputs, kwargs):
     decoder, the output embedding and our padding-aware aux loss instead (same formula)."""
     from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
-    from seqpack.adapters import as_batch
-    from seqpack.moe import load_balancing_loss
 
     cfg = model.config
     num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
@@ -290,8 +288,6 @@ def _moe_forward(model, batch, inputs, kwargs):
     aux = load_balancing_loss(base_out.router_logits, pad, num_experts, top_k)
     loss = None
     if labels is not None:
-        from seqpack.loss import packed_cross_entropy
-
         ls, n = packed_cross_entropy(logits, shift)
         loss = ls / n.clamp(min=1) + getattr(cfg, "router_aux_loss_coef", 0.0) * aux
     return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=logits,

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from seqpack.packed import IGNORE_INDEX
+from seqpack.sample import IGNORE_INDEX
 
 __all__ = [
     "packed_cross_entropy",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.packed import IGNORE_INDEX  # label value the loss ignores (re-exported)
+from seqpack.sample import IGNORE_INDEX  # label value the loss ignores (re-exported)
 
 __all__ = ["IGNORE_INDEX", "roll_packed", "roll_sample"]
 

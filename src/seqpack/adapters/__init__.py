@@ -7,16 +7,20 @@
 - :func:`hf_unshifted_labels`, :func:`shifted_from_hf_labels`, :func:`from_hf_flattening` -- label conventions.
 - :func:`real_token_indices`, :func:`segments_from_doc_ids`, :func:`gather_real`, :func:`scatter_real`.
 - :func:`as_batch` -- the canonical batch dict from a ``PackedSequence`` or a dict.
+- :func:`to_hf_inputs` -- the keyword arguments of a transformers causal LM's ``forward``.
 """
 
-from ._batch import as_batch
 from .attention import additive_mask, dense_block_causal_mask, flash_attn_kwargs, flex_block_mask, sdpa_mask
+from .batch import as_batch
+from .hf_forward import MEDIA_KEYS, to_hf_inputs
 from .labels import from_hf_flattening, hf_unshifted_labels, shifted_from_hf_labels
 from .megatron import PackedSeqParamsLike, to_megatron
 from .tokens import gather_real, real_token_indices, scatter_real, segments_from_doc_ids
 
 __all__ = [
     "as_batch",
+    "to_hf_inputs",
+    "MEDIA_KEYS",
     "to_megatron",
     "PackedSeqParamsLike",
     "flash_attn_kwargs",

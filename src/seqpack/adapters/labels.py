@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from seqpack.packed import IGNORE_INDEX
+from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
-from ._batch import as_batch
+from .batch import as_batch
 
 __all__ = ["hf_unshifted_labels", "shifted_from_hf_labels", "from_hf_flattening"]
 
@@ -17,7 +17,7 @@ def hf_unshifted_labels(labels, cu_seqlens_padded):
 
     ``hf[t] = labels[t-1]`` inside each physical segment and ``hf[start] = -100`` at every segment's
     first slot, so after HF's internal shift the logit at ``t`` is trained on ``labels[t]`` and never
-    on the next segment's first token (case B03).
+    on the next segment's first token (case B03). Torch form of :func:`seqpack.sample.unshift_labels`.
 
     Args:
         labels: int ``[T]`` or ``[B, T]`` shifted labels (``packed-batch-spec.md``).
@@ -33,24 +33,13 @@ def hf_unshifted_labels(labels, cu_seqlens_padded):
     """
     import torch
 
-    lab = torch.as_tensor(labels).to(torch.int64)
-    cup = torch.as_tensor(cu_seqlens_padded).reshape(-1).to(torch.int64)
-    last = cup[1:] - 1
-    lost = lab[..., last] != IGNORE_INDEX
-    if bool(lost.any()):
-        seg = int(lost.nonzero()[0, -1])
-        raise ValueError(
-            f"segment {seg} has a target at its last physical slot {int(last[seg])}; HF unshifted labels "
-            "cannot represent it. Pass pad_to_multiple_of > 1 (leaves a padding slot) or use the shifted "
-            "'labels' with seqpack.loss / the 'shift_labels' key."
-        )
-    hf = torch.roll(lab, 1, dims=-1)
-    hf[..., cup[:-1]] = IGNORE_INDEX
-    return hf
+    return unshift_labels(torch.as_tensor(labels), cu_seqlens_padded)
 
 
 def shifted_from_hf_labels(hf_labels, cu_seqlens_padded):
     """Inverse of :func:`hf_unshifted_labels`: ``labels[t] = hf[t+1]`` inside a segment, -100 at its last slot.
+
+    Torch form of :func:`seqpack.sample.shift_unshifted_labels`.
 
     Args:
         hf_labels: int ``[T]`` or ``[B, T]`` unshifted labels.
@@ -61,11 +50,7 @@ def shifted_from_hf_labels(hf_labels, cu_seqlens_padded):
     """
     import torch
 
-    hf = torch.as_tensor(hf_labels).to(torch.int64)
-    cup = torch.as_tensor(cu_seqlens_padded).reshape(-1).to(torch.int64)
-    out = torch.roll(hf, -1, dims=-1)
-    out[..., cup[1:] - 1] = IGNORE_INDEX
-    return out
+    return shift_unshifted_labels(torch.as_tensor(hf_labels), cu_seqlens_padded)
 
 
 def from_hf_flattening(batch: Mapping[str, Any], *, position_ids_start: int = 0) -> dict[str, Any]:
@@ -81,7 +66,7 @@ def from_hf_flattening(batch: Mapping[str, Any], *, position_ids_start: int = 0)
         position_ids_start: the collator's ``position_ids_start``.
 
     Returns:
-        canonical batch dict (``seqpack.adapters._batch``) with our per-segment shifted ``labels``.
+        canonical batch dict (``seqpack.adapters.batch``) with our per-segment shifted ``labels``.
 
     Raises:
         KeyError: when no boundary source is present.

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._batch import as_batch
+from seqpack.packed.boundaries import trim_cu_seqlens
+
+from .batch import as_batch
 
 __all__ = ["PackedSeqParamsLike", "to_megatron"]
 
@@ -60,8 +62,6 @@ def to_megatron(batch: Any, *, as_dataclass: bool = False) -> dict[str, Any]:
                 "boundary arrays or attention crosses documents (B02). Slice per-token fields only, keep "
                 "cu_seqlens/cu_seqlens_padded/max_seqlen from the full row."
             )
-        from seqpack.packed import trim_cu_seqlens
-
         cup = trim_cu_seqlens(torch.as_tensor(batch["cu_seqlens_padded"]).reshape(-1), batch.get("num_segments") or None)
         cu = trim_cu_seqlens(torch.as_tensor(batch["cu_seqlens"]).reshape(-1), cup.numel() - 1)
         max_seqlen = int(batch["max_seqlen"]) if batch.get("max_seqlen") is not None else int((cup[1:] - cup[:-1]).max())

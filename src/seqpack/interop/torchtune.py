@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.interop._labels import IGNORE_INDEX, segment_bounds, shift_per_segment, unshift_per_segment
+from seqpack.packed import PackedSequence, real_boundaries, segment_fields
+from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
 __all__ = ["to_torchtune", "from_torchtune"]
 
@@ -38,7 +39,7 @@ def to_torchtune(pack: Any, *, final_target: str = "error", as_torch: bool = Fal
         pack: a :class:`~seqpack.packed.PackedSequence`.
         final_target: what to do with an explicit final target (case B12) sitting on a segment's last
             physical slot, which unshifted labels cannot hold: ``"error"`` or ``"drop"`` (see
-            :func:`seqpack.interop._labels.unshift_per_segment`). A final target followed by a padding
+            :func:`seqpack.sample.unshift_labels`). A final target followed by a padding
             slot is stored in that slot and survives.
         as_torch: return ``torch.long`` tensors (as torchtune's ``PackedDataset`` does) instead of numpy.
 
@@ -49,9 +50,9 @@ def to_torchtune(pack: Any, *, final_target: str = "error", as_torch: bool = Fal
     Raises:
         ValueError: unrepresentable final target with ``final_target="error"``.
     """
-    cu, cup, n = segment_bounds(pack)
-    labels = unshift_per_segment(
-        pack.labels, cu, cup, final_target=final_target, sample_ids=getattr(pack, "sample_ids", None)
+    cu, cup, n = real_boundaries(pack)
+    labels = unshift_labels(
+        np.asarray(pack.labels), cup, final_target=final_target, sample_ids=getattr(pack, "sample_ids", None)
     )
     out = {
         "tokens": np.asarray(pack.input_ids, dtype=np.int64).copy(),
@@ -98,8 +99,6 @@ def from_torchtune(
     Raises:
         ValueError: ``sum(seq_lens) != len(tokens)``, a zero length, or ``real_seq_lens`` out of range.
     """
-    from seqpack.packed import PackedSequence
-
     tokens = _np(sample["tokens"])
     hf = _np(sample["labels"])
     lens = _np(sample["seq_lens"])
@@ -122,10 +121,8 @@ def from_torchtune(
                 f"{where}: real_seq_lens {real.tolist()[:8]} do not fit seq_lens {lens.tolist()[:8]}"
             )
     cu = np.concatenate([[0], np.cumsum(real)])
-    labels = shift_per_segment(hf, cup)
-    seg = np.repeat(np.arange(lens.size), lens)
-    offs = np.arange(T) - cup[:-1][seg]
-    labels[offs >= real[seg]] = IGNORE_INDEX
+    labels = shift_unshifted_labels(hf, cup)
+    labels[segment_fields(cup, real)[1]] = IGNORE_INDEX  # padding slots are never labelled
     if sample_ids is None:
         sample_ids = [f"{where}#seg{i}" for i in range(lens.size)]
     return PackedSequence.from_boundaries(

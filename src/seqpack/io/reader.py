@@ -18,12 +18,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import (
     REPORT_FILE,
     PackedDatasetError,
     PackedMetadata,
     StalePackedDatasetError,
 )
+from seqpack.packed import PackedSequence
 
 __all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS", "MEDIA_EXPECT_KEYS"]
 
@@ -236,11 +238,7 @@ class PackedDataset:
         raw = c.get("media")
         if not raw:
             return None
-        info = self.metadata.media or {}
-        merge = int(info.get("merge_size") or 2)
-        pad_id = info.get("image_pad_id")
-        cu = np.asarray(c["cu_seqlens"], dtype=np.int64)
-        cup = np.asarray(c["cu_seqlens_padded"], dtype=np.int64)
+        merge = int((self.metadata.media or {}).get("merge_size") or 2)
         out: list[Any] = []
         for j, m in enumerate(raw):
             if not m:
@@ -254,12 +252,6 @@ class PackedDataset:
                 "image_tokens": (np.asarray(ntok, dtype=np.int64) if ntok is not None
                                  else np.prod(grid, axis=1) // merge**2),
             }
-            if pad_id is not None:
-                from seqpack.data.media import mrope_position_ids
-
-                a = int(cup[j])
-                ids = np.asarray(c["input_ids"][a : a + int(cu[j + 1] - cu[j])])
-                seg["mrope_position_ids"] = mrope_position_ids(ids, grid, merge, int(pad_id))
             if self.load_media:
                 from seqpack.data.media import process_images
 
@@ -282,9 +274,7 @@ class PackedDataset:
 
     def __getitem__(self, i: int):
         """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
-        from the stored boundaries via ``PackedSequence.from_boundaries``)."""
-        from seqpack.packed import PackedSequence
-
+        from the stored boundaries, M-RoPE tables included, by ``PackedSequence.from_boundaries``)."""
         c = self.columns(i)
         m = self.metadata
         has_final_target = None
@@ -297,12 +287,6 @@ class PackedDataset:
             "seq_length": m.seq_length,
             "pad_token_id": m.pad_token_id,
         }
-        if media is not None:
-            from seqpack.data.media import packed_mrope_position_ids
-
-            mrope = packed_mrope_position_ids(media, c["cu_seqlens"], c["cu_seqlens_padded"])
-            if mrope is not None:
-                extra["mrope_position_ids"] = mrope
         return PackedSequence.from_boundaries(
             c["input_ids"],
             c["labels"],
@@ -312,6 +296,9 @@ class PackedDataset:
             media=media,
             has_final_target=has_final_target,
             extra=extra,
+            # the builder computes each image segment's M-RoPE table and the row's (extra["mrope_position_ids"])
+            image_pad_id=(m.media or {}).get("image_pad_id"),
+            merge_size=int((m.media or {}).get("merge_size") or 2),
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -406,8 +393,6 @@ def load_packed(
                 "the file was modified or truncated, re-pack the data"
             )
         if verify:
-            from seqpack.io.fingerprint import sha256_file
-
             if not s.sha256:
                 raise PackedDatasetError(f"{p}: shard {s.file} has no sha256 in metadata.json; cannot verify it")
             got = sha256_file(f)

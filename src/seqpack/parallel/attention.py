@@ -16,33 +16,14 @@ import math
 import torch
 import torch.distributed as dist
 
+from seqpack.packed.masks import block_causal_mask  # the one mask rule (re-exported)
+
 __all__ = [
     "block_causal_mask",
     "dense_attention",
     "all_gather_tokens",
     "cp_attention_reference",
 ]
-
-
-def block_causal_mask(q_slots: torch.Tensor, k_slots: torch.Tensor, q_seq_idx: torch.Tensor,
-                      k_seq_idx: torch.Tensor, *, respect_segments: bool = True) -> torch.Tensor:
-    """Boolean attention mask in global coordinates, True = attend.
-
-    Args:
-        q_slots: int [tq] global slot number of each query (``arange(T)`` without CP, the CP
-            index array with CP).
-        k_slots: int [tk] global slot number of each key.
-        q_seq_idx, k_seq_idx: int [tq] / [tk] segment index of each query / key.
-        respect_segments: False gives the plain causal mask over the whole row (the boundary-blind
-            behaviour of case B02; only for demonstrating the fault).
-
-    Returns:
-        bool [tq, tk].
-    """
-    causal = k_slots.view(1, -1) <= q_slots.view(-1, 1)
-    if not respect_segments:
-        return causal
-    return causal & (q_seq_idx.view(-1, 1) == k_seq_idx.view(1, -1))
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

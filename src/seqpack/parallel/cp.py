@@ -24,9 +24,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from seqpack.adapters._batch import TOKEN_KEYS
 from seqpack.packed import PackedSequence, trim_cu_seqlens
-from seqpack.padding import check_seq_length, compute_pad_multiple, round_up
+from seqpack.padding import check_seq_length, compute_pad_multiple
+from seqpack.sample import TOKEN_FIELDS
 
 __all__ = [
     "CPConfigError",
@@ -41,8 +41,8 @@ __all__ = [
     "CP_BOUNDARY_BLIND_BACKENDS",
 ]
 
-#: Per-token fields of a packed row (sliced by CP with one index array): the adapters' token keys.
-PER_TOKEN_FIELDS = TOKEN_KEYS
+#: Per-token fields of a packed row (sliced by CP with one index array): :data:`seqpack.sample.TOKEN_FIELDS`.
+PER_TOKEN_FIELDS = TOKEN_FIELDS
 
 
 class CPConfigError(ValueError):

@@ -22,7 +22,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from seqpack.packed import build_packed_sequence
+from seqpack.padding import compute_pad_multiple
 from seqpack.parallel.attention import block_causal_mask, cp_attention_reference, dense_attention
+from seqpack.parallel.cp import gather_from_cp, slice_for_cp
+from seqpack.sample import Sample, shift_labels
 
 __all__ = ["TinyTransformer", "make_demo_row", "packed_loss_sum", "run_cp_equivalence"]
 
@@ -74,8 +78,6 @@ def packed_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def make_demo_row(multiple: int, seed: int = 0, lengths=(13, 7, 22, 5, 9), seq_length: int = 80, vocab: int = 64):
     """A packed row of several documents with alignment and tail padding (prompt tokens masked)."""
-    from seqpack.data.sample import Sample, shift_labels
-    from seqpack.packed import build_packed_sequence
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -101,8 +103,6 @@ def _reference(model, row):
 
 
 def _cp_step(model, row, world, rank, respect_segments=True):
-    from seqpack.parallel.cp import slice_for_cp
-
     local = slice_for_cp(row, world, rank)
     seg = local["seq_idx"]
     idx = local["cp_indices"]
@@ -131,9 +131,6 @@ def _worker(rank: int, world: int, port: int, out_path: str, seed: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        from seqpack.padding import compute_pad_multiple
-        from seqpack.parallel.cp import gather_from_cp
-
         mult = compute_pad_multiple(context_parallel_size=world)
         row = make_demo_row(mult, seed=seed).to_torch()
         torch.manual_seed(seed)

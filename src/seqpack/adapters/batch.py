@@ -27,17 +27,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from seqpack.packed import IGNORE_INDEX
+from seqpack.packed.boundaries import segment_fields, trim_cu_seqlens
+from seqpack.sample import IGNORE_INDEX, TOKEN_DTYPES, TOKEN_FIELDS
 
-TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "seq_idx")
-_TOKEN_DTYPES = {
-    "input_ids": "int64",
-    "labels": "int64",
-    "loss_mask": "bool",
-    "position_ids": "int64",
-    "padding_mask": "bool",
-    "seq_idx": "int32",
-}
+__all__ = ["as_batch"]
 
 
 def as_batch(packed: Any) -> dict[str, Any]:
@@ -61,7 +54,7 @@ def as_batch(packed: Any) -> dict[str, Any]:
     if isinstance(packed, Mapping):
         src = dict(packed)
     else:
-        src = {k: getattr(packed, k) for k in (*TOKEN_KEYS, "cu_seqlens", "cu_seqlens_padded", "max_seqlen")
+        src = {k: getattr(packed, k) for k in (*TOKEN_FIELDS, "cu_seqlens", "cu_seqlens_padded", "max_seqlen")
                if hasattr(packed, k)}
         n = getattr(packed, "num_segments", 0)
         if n:
@@ -76,8 +69,6 @@ def as_batch(packed: Any) -> dict[str, Any]:
     # static-shape boundary arrays (-1 sentinels or repeated last value, B19): trim with the carried
     # segment count when there is one; the padded array decides N otherwise (the logical one may
     # legitimately repeat its last value for an empty in-batch tail segment)
-    from seqpack.packed import trim_cu_seqlens
-
     n_meta = src.get("num_segments") or None
     cup = trim_cu_seqlens(torch.as_tensor(np.asarray(src["cu_seqlens_padded"]) if not isinstance(
         src["cu_seqlens_padded"], torch.Tensor) else src["cu_seqlens_padded"]).reshape(-1), n_meta)
@@ -87,7 +78,7 @@ def as_batch(packed: Any) -> dict[str, Any]:
     out["cu_seqlens"], out["cu_seqlens_padded"] = cu.to(torch.int32), cup.to(torch.int32)
     cu, cup = out["cu_seqlens"], out["cu_seqlens_padded"]
     T = int(cup[-1])
-    for key in TOKEN_KEYS:
+    for key in TOKEN_FIELDS:
         if key not in src or src[key] is None:
             continue
         v = src[key]
@@ -96,17 +87,15 @@ def as_batch(packed: Any) -> dict[str, Any]:
             v = v.unsqueeze(0)
         if v.dim() != 2 or v.shape[0] != 1:
             raise ValueError(f"{key} must be one THD row [T] or [1, T], got shape {tuple(v.shape)}")
-        out[key] = v.to(getattr(torch, _TOKEN_DTYPES[key]))
+        out[key] = v.to(getattr(torch, TOKEN_DTYPES[key]))
     if "input_ids" in out and out["input_ids"].shape[1] != T:
         raise ValueError(f"input_ids has {out['input_ids'].shape[1]} slots but cu_seqlens_padded[-1] = {T}")
     if "seq_idx" not in out or "padding_mask" not in out:
-        seg_len = (cup[1:] - cup[:-1]).to(torch.int64)
-        seq_idx = torch.repeat_interleave(torch.arange(n, dtype=torch.int32), seg_len)
-        pos = torch.arange(T, dtype=torch.int64) - cup[:-1].to(torch.int64).repeat_interleave(seg_len)
-        real = (cu[1:] - cu[:-1]).to(torch.int64).repeat_interleave(seg_len)
-        out.setdefault("seq_idx", seq_idx.unsqueeze(0))
-        out.setdefault("padding_mask", (pos >= real).unsqueeze(0))
-        out.setdefault("position_ids", pos.unsqueeze(0))
+        cup_np = cup.cpu().numpy()
+        pos, pad, seq = segment_fields(cup_np, np.diff(cu.cpu().numpy().astype(np.int64)))
+        out.setdefault("seq_idx", torch.from_numpy(seq).unsqueeze(0))
+        out.setdefault("padding_mask", torch.from_numpy(pad).unsqueeze(0))
+        out.setdefault("position_ids", torch.from_numpy(pos).unsqueeze(0))
     if "labels" in out and "loss_mask" not in out:
         out["loss_mask"] = out["labels"] != IGNORE_INDEX
     out["max_seqlen"] = int(src["max_seqlen"]) if src.get("max_seqlen") is not None else int(

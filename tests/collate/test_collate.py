@@ -17,7 +17,7 @@ from seqpack.collate import (
     PaddedCollator,
     to_hf_inputs,
 )
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.sample import Sample, shift_labels
 from seqpack.packed import PackedSequence, build_packed_sequence
 
 IGN = -100

@@ -26,7 +26,7 @@ from seqpack.adapters import (
     to_megatron,
 )
 from seqpack.collate import InBatchPackingCollator
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.sample import Sample, shift_labels
 from seqpack.packed import build_packed_sequence
 
 IGN = -100

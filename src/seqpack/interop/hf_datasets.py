@@ -16,7 +16,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from seqpack.interop._labels import IGNORE_INDEX, segment_bounds, shift_per_segment, unshift_per_segment
+from seqpack.packed import PackedSequence, real_boundaries, segment_fields
+from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
 __all__ = ["HF_COLUMNS", "to_hf_dataset", "from_hf_dataset"]
 
@@ -54,7 +55,7 @@ def to_hf_dataset(
         packs: iterable of :class:`~seqpack.packed.PackedSequence` (a seqpack ``PackedDataset`` works).
         label_convention: ``"shifted"`` (seqpack) or ``"unshifted"`` (HF collators); see module docstring.
         final_target: for ``"unshifted"`` only: ``"error"`` or ``"drop"`` for a final target on a
-            segment's last physical slot (case B12; see :func:`seqpack.interop._labels.unshift_per_segment`).
+            segment's last physical slot (case B12; see :func:`seqpack.sample.unshift_labels`).
         batch_rows: packs converted per Arrow record batch (bounds the Python-list overhead).
 
     Returns:
@@ -81,11 +82,11 @@ def to_hf_dataset(
                 buf[c] = []
 
     for pack in packs:
-        cu, cup, n = segment_bounds(pack)
+        cu, cup, n = real_boundaries(pack)
         sids = [str(s) for s in (pack.sample_ids or [])]
         lab = np.asarray(pack.labels)
         if label_convention == "unshifted":
-            lab = unshift_per_segment(lab, cu, cup, final_target=final_target, sample_ids=sids)
+            lab = unshift_labels(lab, cup, final_target=final_target, sample_ids=sids)
         buf["input_ids"].append(np.asarray(pack.input_ids, dtype=np.int32))
         buf["labels"].append(np.asarray(lab, dtype=np.int32))
         buf["position_ids"].append(np.asarray(pack.position_ids, dtype=np.int32))
@@ -119,8 +120,6 @@ def from_hf_dataset(dataset: Any, *, label_convention: str = "shifted") -> list:
     Raises:
         ValueError: unknown convention; KeyError naming a missing column.
     """
-    from seqpack.packed import PackedSequence
-
     if label_convention not in _CONVENTIONS:
         raise ValueError(f"label_convention must be one of {_CONVENTIONS}, got {label_convention!r}")
     cols = getattr(dataset, "column_names", None)
@@ -136,14 +135,10 @@ def from_hf_dataset(dataset: Any, *, label_convention: str = "shifted") -> list:
         cup = np.asarray(r["cu_seqlens_padded"], dtype=np.int32)
         lab = np.asarray(r["labels"], dtype=np.int64)
         if label_convention == "unshifted":
-            lab = shift_per_segment(lab, cup)
-            cu = np.asarray(r["cu_seqlens"], dtype=np.int64)
+            lab = shift_unshifted_labels(lab, cup)
             # slots past a segment's real length are padding: never labelled
-            real = np.diff(cu)
-            lens = np.diff(cup.astype(np.int64))
-            seg = np.repeat(np.arange(lens.size), lens)
-            offs = np.arange(lab.shape[0]) - cup[:-1][seg]
-            lab[offs >= real[seg]] = IGNORE_INDEX
+            real = np.diff(np.asarray(r["cu_seqlens"], dtype=np.int64))
+            lab[segment_fields(cup, real)[1]] = IGNORE_INDEX
         sids = r.get("sample_ids") if hasattr(r, "get") else None
         sids = [str(s) for s in sids] if sids is not None else [f"row{i}#seg{k}" for k in range(len(cup) - 1)]
         out.append(

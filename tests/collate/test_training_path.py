@@ -1,4 +1,4 @@
-"""Regression tests for the training-path bugs a tester found (each failed before its fix).
+"""The training path (collators -> ``seqpack.hf.packed_forward`` -> ``seqpack.loss``) on flattened and image rows.
 
 BUG 1  flattened rows (``PackedCollator`` with B > 1) offset the LOGICAL ``cu_seqlens`` of row ``i``
        by the physical width of the rows before it (real length > padded length, wrong
@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.collate import InBatchPackingCollator, PackedCollator
-from seqpack.data.media import mrope_position_ids
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.packed.mrope import mrope_position_ids
+from seqpack.sample import Sample, shift_labels
 from seqpack.hf import packed_forward
 from seqpack.loss import global_token_count, sequence_mean, token_mean
 from seqpack.packed import PackedSequence, build_packed_sequence

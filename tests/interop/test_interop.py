@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.sample import Sample, shift_labels
 from seqpack.interop import (
     export_megatron_bridge,
     from_hf_dataset,

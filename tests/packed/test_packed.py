@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from seqpack.data.sample import Sample, shift_labels
+from seqpack.sample import Sample, shift_labels
 from seqpack.packed import (
     IGNORE_INDEX as IGN,
     PackedSequence,

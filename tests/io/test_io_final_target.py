@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.data.sample import IGNORE_INDEX, Sample, shift_labels
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
 from seqpack.io import PackedMetadata, load_packed, write_packed
 from seqpack.packed import PackedSequenceError, build_packed_sequence
 
