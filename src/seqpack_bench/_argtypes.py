@@ -1,10 +1,7 @@
-"""argparse ``type=`` validators shared by the standalone benchmark scripts in this folder.
+"""argparse ``type=`` validators shared by the standalone benchmarks (``python -m seqpack_bench.bench_<name>``).
 
 A bad value makes argparse exit with code 2 and one line naming the option, e.g.
 ``bench_algorithms.py: error: argument --n: must be an integer >= 1, got '0'``, before any work starts.
-The scripts run as ``python benchmarks/<script>.py``, so this folder is ``sys.path[0]`` and
-``from _argtypes import ...`` resolves to this file (no install needed); ``gpu/bench_gpu.py`` puts this folder
-on ``sys.path`` itself.
 """
 
 from __future__ import annotations

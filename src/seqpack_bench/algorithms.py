@@ -5,7 +5,7 @@ Compared on the same lengths (lognormal SFT mix: median 250 tokens, sigma 1, cli
 
 - seqpack ``balanced_best_fit`` (the default), ``best_fit_decreasing`` and ``greedy_knapsack``
   (``seqpack.algorithms.pack_lengths``, numba kernels, bin index lists included);
-- TRL ``pack_dataset`` with ``strategy="bfd"`` and ``"wrapped"`` (see :mod:`seqpack.bench.references`);
+- TRL ``pack_dataset`` with ``strategy="bfd"`` and ``"wrapped"`` (see :mod:`seqpack_bench.references`);
 - LLaMA-Factory 0.9.5 ``greedy_knapsack``, the installed function (its reference re-implementation
   when ``llamafactory`` is not installed; pure Python; skipped above ``max_reference_n`` items because
   ``list.pop`` makes it O(n^2) in the worst case; a skip is recorded);
@@ -15,7 +15,7 @@ Compared on the same lengths (lognormal SFT mix: median 250 tokens, sigma 1, cli
 
 The PyPI baselines other than TRL install with
 ``pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1`` (see
-:mod:`seqpack.bench.references`); a missing one is listed in ``skipped``, never silently dropped.
+:mod:`seqpack_bench.references`); a missing one is listed in ``skipped``, never silently dropped.
 
 Reported per program and size: packs (bins), the L1 bound ``ceil(sum/C)`` and the Martello-Toth L2
 bound, excess over L2 in %, utilization (tokens / (bins * C)), load spread (max - min pack load,
@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from seqpack.bench import references as ref
-from seqpack.bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
+from seqpack_bench import references as ref
+from seqpack_bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
            "CAPACITY", "QUICK_NOTE"]

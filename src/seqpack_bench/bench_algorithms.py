@@ -1,9 +1,9 @@
 """Benchmark of seqpack.algorithms: pack count vs lower bounds, load balance and speed.
 
 Usage:
-    python benchmarks/bench_algorithms.py            # n = 1,000,000 lognormal (+ other mixes)
-    python benchmarks/bench_algorithms.py --quick    # n = 100,000 (measured: 13 s on 2 cores)
-    python benchmarks/bench_algorithms.py --n 300000 \
+    python -m seqpack_bench.bench_algorithms            # n = 1,000,000 lognormal (+ other mixes)
+    python -m seqpack_bench.bench_algorithms --quick    # n = 100,000 (measured: 13 s on 2 cores)
+    python -m seqpack_bench.bench_algorithms --n 300000 \
         --algorithms balanced_best_fit,first_fit_decreasing --instances lognormal,uniform
 
 Prints one table per instance: algorithm, n, bins, L1 = ceil(sum/C), the Martello–Toth bound L2,
@@ -18,18 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
-os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # before numba loads: one-core timings
 
 import numpy as np  # noqa: E402
-
-from _argtypes import comma_choices, positive_int  # noqa: E402
-
-from seqpack.bench.timing import timed  # noqa: E402 - medians of wall and CPU seconds of repeats
 
 from seqpack.algorithms import (  # noqa: E402
     DEFAULT_ALGORITHM,
@@ -38,6 +30,8 @@ from seqpack.algorithms import (  # noqa: E402
     lower_bound_l2,
     pack_lengths,
 )
+from seqpack_bench._argtypes import comma_choices, positive_int  # noqa: E402
+from seqpack_bench.timing import timed  # noqa: E402 - medians of wall and CPU seconds of repeats
 
 C = 4096
 #: Instance names of :func:`instances`, in the order they are built and printed.

@@ -21,7 +21,7 @@ SFT files in ../shared/data tokenized with the Qwen3 chat template via ``seqpack
 and a 100,000-sample lognormal mix.
 Packs come from ``seqpack.algorithms.pack_lengths`` (default algorithm).
 
-Run: ``python benchmarks/bench_balance.py [--quick] [--dp 8] [--micro-batches 1 4 8] [--capacity 4096]``
+Run: ``python -m seqpack_bench.bench_balance [--quick] [--dp 8] [--micro-batches 1 4 8] [--capacity 4096]``
 (``--quick``: 20,000 lognormal samples, one repeat).
 """
 
@@ -29,26 +29,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
-
-from _argtypes import positive_int  # noqa: E402
-
-from seqpack.algorithms import pack_lengths  # noqa: E402
-from seqpack.parallel.balance import (  # noqa: E402
+from seqpack.algorithms import pack_lengths
+from seqpack.parallel.balance import (
     balance_packs,
     balance_samples,
     cost_ratio_lower_bound,
     pack_costs,
     round_robin_plan,
 )
+from seqpack_bench._argtypes import positive_int
+from seqpack_bench.paths import shared_data_dir
 
 TEXT_FILES = [
     "llama-factory/alpaca_en_demo.json",
@@ -60,7 +54,7 @@ TEXT_FILES = [
 
 
 def real_lengths(capacity: int) -> tuple[np.ndarray, str]:
-    data = REPO.parent / "shared" / "data"
+    data = shared_data_dir()
     files = [data / f for f in TEXT_FILES if (data / f).exists()]
     if not files:
         return np.zeros(0, np.int64), "absent"

@@ -13,7 +13,7 @@
    2048 and the T = 8192 figure is extrapolated linearly (its [T, V] tensors scale with T); pass
    ``--naive-8192`` to measure it directly on a machine with the memory.
 
-Run: ``python benchmarks/bench_collate.py [--repeats 200] [--skip-memory] [--naive-8192]``
+Run: ``python -m seqpack_bench.bench_collate [--repeats 200] [--skip-memory] [--naive-8192]``
 """
 
 from __future__ import annotations
@@ -21,17 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
-
-from _argtypes import positive_int  # noqa: E402
-
-from seqpack.bench.timing import timed  # noqa: E402
+from seqpack_bench._argtypes import positive_int
+from seqpack_bench._child import child_env, module_command
+from seqpack_bench.timing import timed
 
 VOCAB = 151_936
 
@@ -94,34 +91,46 @@ def bench_collate(repeats: int) -> None:
         print(f"{k:75s} {v:9.3f} ms   ({base / v:6.1f}x vs HF flattening)")
 
 
-_MEM_CHILD = r"""
-import json, resource, sys, torch, torch.nn.functional as F
-sys.path.insert(0, {src!r})
-from seqpack.loss import chunked_cross_entropy
-torch.manual_seed(0)
-T, H, V, mode, chunk = {T}, {H}, {V}, {mode!r}, {chunk}
-hidden = torch.randn(T, H, requires_grad=True)
-weight = (torch.randn(V, H) * 0.02).requires_grad_()
-labels = torch.randint(0, V, (T,))
-def rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-base = rss()
-import time; t0 = time.perf_counter()
-if mode == "naive":
-    loss = F.cross_entropy((hidden @ weight.t()).float(), labels, reduction="sum")
-else:
-    loss, _ = chunked_cross_entropy(hidden, weight, labels, chunk_size=chunk)
-loss.backward()
-dt = time.perf_counter() - t0
-print(json.dumps({{"peak_delta": rss() - base, "seconds": dt, "loss": float(loss)}}))
-"""
+def memory_case(T: int, mode: str, H: int = 128, chunk: int = 1024) -> dict:
+    """One loss case, run in a fresh process (:func:`_mem_case`): ``{"peak_delta": bytes, "seconds", "loss"}``.
+
+    ``peak_delta`` = peak RSS after forward+backward minus peak RSS after allocating the inputs and weights.
+    """
+    import resource
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from seqpack.loss import chunked_cross_entropy
+
+    torch.manual_seed(0)
+    hidden = torch.randn(T, H, requires_grad=True)
+    weight = (torch.randn(VOCAB, H) * 0.02).requires_grad_()
+    labels = torch.randint(0, VOCAB, (T,))
+
+    def rss() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    base = rss()
+    t0 = time.perf_counter()
+    if mode == "naive":
+        loss = F.cross_entropy((hidden @ weight.t()).float(), labels, reduction="sum")
+    else:
+        loss, _ = chunked_cross_entropy(hidden, weight, labels, chunk_size=chunk)
+    loss.backward()
+    return {"peak_delta": rss() - base, "seconds": time.perf_counter() - t0, "loss": float(loss)}
 
 
 def _mem_case(T, mode, H=128, chunk=1024):
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    code = _MEM_CHILD.format(src=src, T=T, H=H, V=VOCAB, mode=mode, chunk=chunk)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """:func:`memory_case` in a fresh ``python -m seqpack_bench.bench_collate --memory-case ...`` process (so
+    nothing else in the process contributes); its figures come back in a JSON file."""
+    with tempfile.TemporaryDirectory(prefix="seqpack-bench-collate-") as tmp:
+        result = Path(tmp) / "case.json"
+        cmd = module_command("seqpack_bench.bench_collate", "--memory-case", str(T), mode, "--hidden", str(H),
+                             "--chunk", str(chunk), "--result", str(result))
+        subprocess.run(cmd, capture_output=True, text=True, check=True, env=child_env())
+        return json.loads(result.read_text())
 
 
 def bench_memory(naive_8192: bool) -> None:
@@ -151,7 +160,16 @@ def main() -> None:
                          "baselines use max(10, repeats // 10))")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--naive-8192", action="store_true", help="measure the naive loss at T=8192 (~15-20 GB)")
+    # the child process of _mem_case: one memory case, figures written to --result
+    ap.add_argument("--memory-case", nargs=2, metavar=("T", "MODE"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--hidden", type=positive_int, default=128, help=argparse.SUPPRESS)
+    ap.add_argument("--chunk", type=positive_int, default=1024, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.memory_case:
+        res = memory_case(int(a.memory_case[0]), a.memory_case[1], a.hidden, a.chunk)
+        Path(a.result).write_text(json.dumps(res))
+        return
     bench_collate(a.repeats)
     if not a.skip_memory:
         bench_memory(a.naive_8192)

@@ -1,11 +1,12 @@
-"""Thin wrapper: the comparison benchmarks and the reference training loop from a source checkout.
+"""The comparison benchmarks and the reference training loop without installed entry points.
 
-Same as the CLI commands (``seqpack bench ...``, ``seqpack train ...``), runnable without installing::
+The same as the CLI commands (``seqpack bench ...``, ``seqpack train ...``) when the ``seqpack.cli`` entry
+points of this distribution are not installed (e.g. ``PYTHONPATH=src`` in a source checkout)::
 
-    python benchmarks/bench_compare.py bench algorithms            # 100,000 and 1,000,000 lengths
-    python benchmarks/bench_compare.py bench prepare               # real data + 100,000 synthetic chats
-    python benchmarks/bench_compare.py bench stream --quick        # benchmarks/bench_stream.py
-    python benchmarks/bench_compare.py train --mode all            # padded vs packed vs in_batch vs streaming
+    python -m seqpack_bench.bench_compare bench algorithms            # 100,000 and 1,000,000 lengths
+    python -m seqpack_bench.bench_compare bench prepare               # real data + 100,000 synthetic chats
+    python -m seqpack_bench.bench_compare bench stream --quick        # seqpack_bench.bench_stream
+    python -m seqpack_bench.bench_compare train --mode all            # padded vs packed vs in_batch vs streaming
 
 Every command writes JSON + PNG into ``--out`` (default ``bench_results/``); ``--quick`` runs in seconds.
 """
@@ -13,17 +14,28 @@ Every command writes JSON + PNG into ``--out`` (default ``bench_results/``); ``-
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import typer
+
+from seqpack.cli.app import app
+from seqpack_bench.cli.bench import bench_app
+from seqpack_bench.cli.train import register as register_train
+
+
+def ensure_commands(target: typer.Typer = app) -> typer.Typer:
+    """Add ``bench`` and ``train`` to ``target`` unless its entry points already did."""
+    groups = {g.name for g in target.registered_groups}
+    commands = {c.name for c in target.registered_commands}
+    if "bench" not in groups:
+        target.add_typer(bench_app, name="bench")
+    if "train" not in commands:
+        register_train(target)
+    return target
 
 
 def main(argv: list[str] | None = None) -> None:
-    import seqpack.cli.bench_cmd  # noqa: F401 - registers `bench`
-    import seqpack.cli.train_cmd  # noqa: F401 - registers `train`
-    from seqpack.cli.app import app
-
-    app(args=list(sys.argv[1:] if argv is None else argv), prog_name="seqpack")
+    """Run ``seqpack <argv>`` (default ``sys.argv[1:]``) with the commands of this package."""
+    ensure_commands()(args=list(sys.argv[1:] if argv is None else argv), prog_name="seqpack")
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ up, so part of the growth there is a plateau being reached, not a per-record cos
 
 Usage::
 
-    python benchmarks/bench_scale.py --quick              # 10,000 records, 1M lengths, about 70 s (estimated)
-    python benchmarks/bench_scale.py --quick --growth     # + the quarter-size corpus (RSS growth/record)
-    python benchmarks/bench_scale.py                      # 1,000,000 records, 10M lengths (long)
-    python benchmarks/bench_scale.py --records 200000 --no-ray
+    python -m seqpack_bench.bench_scale --quick              # 10,000 records, 1M lengths, about 70 s (estimated)
+    python -m seqpack_bench.bench_scale --quick --growth     # + the quarter-size corpus (RSS growth/record)
+    python -m seqpack_bench.bench_scale                      # 1,000,000 records, 10M lengths (long)
+    python -m seqpack_bench.bench_scale --records 200000 --no-ray
 
 Linux only (reads ``/proc``). Needs ``seqpack[ray]`` for the Ray rows (skipped with a note otherwise).
 """
@@ -35,7 +35,6 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -43,13 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src"
-if str(SRC) not in sys.path:
-    sys.path.insert(0, str(SRC))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
-
-from _argtypes import positive_int  # noqa: E402
+from seqpack_bench._argtypes import positive_int
+from seqpack_bench._child import child_env, module_command
 
 SEQ_LENGTH = 4096
 
@@ -147,10 +141,11 @@ def tree_mem(pid: int) -> tuple[int, int, int]:
 
 
 def run_stage(args: list[str], timeout: float) -> dict:
-    """Run ``bench_scale.py --stage ...`` in a subprocess; return its JSON plus the peak tree RSS."""
+    """Run ``python -m seqpack_bench.bench_scale --stage ... --result FILE`` in a subprocess; return the JSON it
+    wrote plus the peak tree RSS."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), *args, "--result", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = module_command("seqpack_bench.bench_scale", *args, "--result", str(out))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=child_env())
     peak = [0, 0, 0]
     stop = threading.Event()
 

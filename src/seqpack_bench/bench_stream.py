@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/bench_stream.py            # full: 1,000,000 samples, 3 repeats (measured: 20 s on 2 cores)
-    python benchmarks/bench_stream.py --quick    # measured: 10 s on 2 cores
+    python -m seqpack_bench.bench_stream            # full: 1,000,000 samples, 3 repeats (measured: 20 s on 2 cores)
+    python -m seqpack_bench.bench_stream --quick    # measured: 10 s on 2 cores
 
 What it prints (all measured in this run; medians of ``--repeats``):
 
@@ -20,13 +20,14 @@ What it prints (all measured in this run; medians of ``--repeats``):
 4. End-to-end rows/s from ``Sample`` objects to ``PackedSequence`` rows, and the cost of one
    ``state_dict()`` call with buffer 10,000.
 
-Every goal is printed as PASS or MISS. ``--json PATH`` also writes the figures as JSON (rewritten after
-each section, so a run that fails keeps the sections done): ``throughput`` (samples/s: ``stream_numpy_source``,
+Every goal is printed as PASS or MISS. :func:`run_benchmark` returns the figures (``seqpack bench stream``
+calls it in-process); ``--json PATH`` also writes them as JSON (rewritten after each section, so a run that
+fails keeps the sections done): ``throughput`` (samples/s: ``stream_numpy_source``,
 ``stream_iterable``, ``offline_pack_lengths``; plus ``algorithm_share``), ``efficiency`` (one entry per mix and
 capacity: ``mix``, ``capacity``, ``l1``, ``offline_pct``, ``offline_bfd_pct``, ``buffers`` = list of ``buffer``,
 ``window_pct``, ``carry_pct``, ``max_wait``; percentages = packs above L1 in %), ``state_dict`` (bytes) and
 ``rows`` (samples/s, rows/s, microseconds per ``state_dict()`` call), ``goals`` (name -> true/false) and the
-sizes used. ``seqpack bench stream`` draws its charts from this file; the printed text is unchanged.
+sizes used. Where the printed lines go is an :class:`Echo` (``print`` by default).
 """
 
 from __future__ import annotations
@@ -37,16 +38,13 @@ import json
 import os
 import pickle
 import statistics
-import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _argtypes (already sys.path[0] when run as a script)
-
-from _argtypes import positive_int  # noqa: E402
+from seqpack_bench._argtypes import positive_int
 
 # seqpack.stream imports torch (~1.5 s): each bench function imports what it needs, so --help and argument
 # errors answer at once
@@ -54,6 +52,22 @@ from _argtypes import positive_int  # noqa: E402
 
 #: goal of section 1 (samples per second of the packer on a numpy source)
 THROUGHPUT_GOAL = 1_000_000
+
+
+class Echo:
+    """Where the benchmark's lines go: printed as they come (the default).
+
+    :meth:`verdict` receives every line that carries PASS/MISS verdicts, with ``ok`` = no MISS in it;
+    ``seqpack bench stream`` passes a subclass that records the lines and the goals.
+    """
+
+    def line(self, text: str) -> None:
+        """One printed line (``text`` may start with a blank line: ``"\\n== 2. ..."``)."""
+        print(text, flush=True)
+
+    def verdict(self, text: str, ok: bool) -> None:
+        """A line with PASS/MISS verdicts; ``ok`` is False when any of them is MISS."""
+        self.line(text)
 
 
 def lognormal_mix(n: int, cap: int, seed: int = 1) -> np.ndarray:
@@ -77,7 +91,7 @@ def count_packs(packer) -> int:
     return n
 
 
-def bench_throughput(n: int, repeats: int) -> dict:
+def bench_throughput(n: int, repeats: int, echo: Echo) -> dict:
     """Section 1; returns ``{"stream_numpy_source", "stream_iterable", "offline_pack_lengths"}`` (samples/s)
     and ``algorithm_share`` (fraction of the packer's time inside the packing algorithm)."""
     from seqpack.algorithms import pack_lengths
@@ -115,14 +129,15 @@ def bench_throughput(n: int, repeats: int) -> dict:
         rows["offline"].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in rows.items()}
     rate = n / med["map"]
-    print(f"\n== 1. throughput: {n:,} length-only samples, buffer {buf:,}, capacity {cap}, median of {repeats}")
-    print(f"  map-style numpy source : {rate:14,.0f} samples/s  ({1e9 / rate:6.1f} ns/sample)")
-    print(f"  plain iterable of ints : {n / med['iterable']:14,.0f} samples/s")
-    print(f"  share inside algorithm : {100 * med['algo_share']:.1f} %  (packer overhead "
+    echo.line(f"\n== 1. throughput: {n:,} length-only samples, buffer {buf:,}, capacity {cap}, median of {repeats}")
+    echo.line(f"  map-style numpy source : {rate:14,.0f} samples/s  ({1e9 / rate:6.1f} ns/sample)")
+    echo.line(f"  plain iterable of ints : {n / med['iterable']:14,.0f} samples/s")
+    echo.line(f"  share inside algorithm : {100 * med['algo_share']:.1f} %  (packer overhead "
           f"{1e9 * med['map'] * (1 - med['algo_share']) / n:.1f} ns/sample)")
-    print(f"  offline pack_lengths   : {n / med['offline']:14,.0f} samples/s  (streaming / offline time = "
+    echo.line(f"  offline pack_lengths   : {n / med['offline']:14,.0f} samples/s  (streaming / offline time = "
           f"{med['map'] / med['offline']:.2f})")
-    print(f"  goal >= {THROUGHPUT_GOAL:,} samples/s: {'PASS' if rate >= THROUGHPUT_GOAL else 'MISS'}")
+    echo.verdict(f"  goal >= {THROUGHPUT_GOAL:,} samples/s: {'PASS' if rate >= THROUGHPUT_GOAL else 'MISS'}",
+                 rate >= THROUGHPUT_GOAL)
     return {"stream_numpy_source": rate, "stream_iterable": n / med["iterable"],
             "offline_pack_lengths": n / med["offline"], "algorithm_share": med["algo_share"]}
 
@@ -137,13 +152,13 @@ class iter_source:
         return iter(self.items)
 
 
-def bench_efficiency(n: int) -> tuple[bool, list]:
+def bench_efficiency(n: int, echo: Echo) -> tuple[bool, list]:
     """Section 2; returns (goal met for every set, one figures entry per mix and capacity)."""
     from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
     from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
 
-    print(f"\n== 2. efficiency: packs above L1 (%), {n:,} samples per data set")
-    print(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
+    echo.line(f"\n== 2. efficiency: packs above L1 (%), {n:,} samples per data set")
+    echo.line(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
         f"B={b:<6} window  carry  wait" for b in (100, 1000, 10_000)))
     all_ok = True
     verdicts, rows = [], []
@@ -164,18 +179,18 @@ def bench_efficiency(n: int) -> tuple[bool, list]:
                                    "max_wait": int(p.stats["max_wait"])})
                 if b == 1000:
                     goal = car <= l1 * 1.001
-            print(f"  {name:10} {cap:5d} {l1:7d} {100 * (off / l1 - 1):8.3f} {100 * (off_bfd / l1 - 1):8.3f} | "
+            echo.line(f"  {name:10} {cap:5d} {l1:7d} {100 * (off / l1 - 1):8.3f} {100 * (off_bfd / l1 - 1):8.3f} | "
                   + " | ".join(cells))
             rows.append({"mix": name, "capacity": cap, "l1": l1, "offline_pct": 100 * (off / l1 - 1),
                          "offline_bfd_pct": 100 * (off_bfd / l1 - 1), "buffers": per_buffer})
             verdicts.append(f"{name} cap {cap}: {'PASS' if goal else 'MISS'}")
             all_ok &= bool(goal)
-    print("  (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)")
-    print("  goal: buffer 1,000 with carry-over <= L1 + 0.1 %: " + "; ".join(verdicts))
+    echo.line("  (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)")
+    echo.verdict("  goal: buffer 1,000 with carry-over <= L1 + 0.1 %: " + "; ".join(verdicts), all_ok)
     return all_ok, rows
 
 
-def bench_state_size() -> dict:
+def bench_state_size(echo: Echo) -> dict:
     """Section 3; returns ``{"sample_keys", "pickle_bytes", "torch_save_bytes"}``."""
     import torch
 
@@ -190,13 +205,13 @@ def bench_state_size() -> dict:
     buf = io.BytesIO()
     torch.save(state, buf)
     n_keys = len(state["buffer_keys"]) + len(state["pending_keys"])
-    print("\n== 3. state_dict size, buffer 10,000 (after 50 packs)")
+    echo.line("\n== 3. state_dict size, buffer 10,000 (after 50 packs)")
     size = {"sample_keys": n_keys, "pickle_bytes": len(pickle.dumps(state)), "torch_save_bytes": len(buf.getvalue())}
-    print(f"  {n_keys:,} sample keys held; pickle {size['pickle_bytes']:,} B; torch.save {size['torch_save_bytes']:,} B")
+    echo.line(f"  {n_keys:,} sample keys held; pickle {size['pickle_bytes']:,} B; torch.save {size['torch_save_bytes']:,} B")
     return size
 
 
-def bench_rows(n: int) -> dict:
+def bench_rows(n: int, echo: Echo) -> dict:
     """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost.
 
     Returns ``{"samples", "rows", "samples_per_s", "rows_per_s", "state_dict_us"}``."""
@@ -223,14 +238,77 @@ def bench_rows(n: int) -> dict:
     for _ in range(reps):
         p.state_dict()
     sd = (time.perf_counter() - t) / reps
-    print(f"\n== 4. rows: {n:,} Sample objects -> {rows:,} PackedSequence rows (cap {cap}, buffer 1,000, multiple 8)")
-    print(f"  {n / dt:,.0f} samples/s, {rows / dt:,.0f} rows/s (build_packed_sequence included)")
-    print(f"  state_dict() with buffer 10,000: {1e6 * sd:,.0f} us per call (StatefulDataLoader calls it per batch "
+    echo.line(f"\n== 4. rows: {n:,} Sample objects -> {rows:,} PackedSequence rows (cap {cap}, buffer 1,000, multiple 8)")
+    echo.line(f"  {n / dt:,.0f} samples/s, {rows / dt:,.0f} rows/s (build_packed_sequence included)")
+    echo.line(f"  state_dict() with buffer 10,000: {1e6 * sd:,.0f} us per call (StatefulDataLoader calls it per batch "
           "in each worker unless snapshot_every_n_steps is raised)")
     return {"samples": n, "rows": rows, "samples_per_s": n / dt, "rows_per_s": rows / dt, "state_dict_us": 1e6 * sd}
 
 
+def sizes(*, quick: bool = False, n: int | None = None, repeats: int | None = None,
+          efficiency_n: int | None = None) -> dict[str, int]:
+    """The sizes of a run: explicit values win over ``quick``'s (1,000,000 / 3 / 500,000 / 100,000 full;
+    300,000 / 2 / 150,000 / 20,000 quick). Keys: ``throughput_n``, ``repeats``, ``efficiency_n``, ``rows_n``."""
+    return {"throughput_n": n if n is not None else (300_000 if quick else 1_000_000),
+            "repeats": repeats if repeats is not None else (2 if quick else 3),
+            "efficiency_n": efficiency_n if efficiency_n is not None else (150_000 if quick else 500_000),
+            "rows_n": 20_000 if quick else 100_000}
+
+
+def run_benchmark(*, quick: bool = False, n: int | None = None, repeats: int | None = None,
+                  efficiency_n: int | None = None, echo: Echo | None = None,
+                  figures: dict[str, Any] | None = None,
+                  on_section: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the four sections in this process; print through ``echo`` and return the figures.
+
+    Args:
+        quick, n, repeats, efficiency_n: the sizes (:func:`sizes`; ``n`` and ``efficiency_n`` are sample
+            counts >= 1, ``repeats`` >= 1).
+        echo: where the lines go (default :class:`Echo`: printed).
+        figures: the dict to fill (default a new one); after an exception it holds the sections done.
+        on_section: called with ``figures`` once before the run and after each section (``--json`` writes
+            the file there).
+
+    Returns:
+        ``figures``: ``sizes``, ``goals`` (``throughput_ge_1M_per_s``, ``carry_buffer_1000_le_l1_plus_0.1pct``:
+        bool), ``throughput`` (samples/s), ``efficiency`` (list per mix and capacity, % above L1),
+        ``state_dict`` (bytes), ``rows`` (rates); the module docstring lists every key.
+    """
+    echo = echo or Echo()
+    figures = {} if figures is None else figures
+    figures.update(sizes=sizes(quick=quick, n=n, repeats=repeats, efficiency_n=efficiency_n), goals={})
+    size = figures["sizes"]
+    save = on_section or (lambda _f: None)
+    save(figures)
+    import seqpack.stream  # noqa: F401 - loads torch (~1.5 s) before the total clock starts
+
+    t0 = time.perf_counter()
+    figures["throughput"] = bench_throughput(size["throughput_n"], size["repeats"], echo)
+    ok1 = figures["goals"]["throughput_ge_1M_per_s"] = figures["throughput"]["stream_numpy_source"] >= THROUGHPUT_GOAL
+    save(figures)
+    ok2, figures["efficiency"] = bench_efficiency(size["efficiency_n"], echo)
+    figures["goals"]["carry_buffer_1000_le_l1_plus_0.1pct"] = ok2
+    save(figures)
+    figures["state_dict"] = bench_state_size(echo)
+    save(figures)
+    figures["rows"] = bench_rows(size["rows_n"], echo)
+    save(figures)
+    echo.verdict(f"\nsummary: throughput {'PASS' if ok1 else 'MISS'}, efficiency {'PASS' if ok2 else 'MISS'} "
+                 f"({time.perf_counter() - t0:.0f} s)", ok1 and ok2)
+    return figures
+
+
+def write_figures(path: str | os.PathLike, figures: dict[str, Any]) -> None:
+    """Write ``figures`` to ``path`` as JSON, whole file or none (a reader never sees half a document)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(figures, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> None:
+    """``python -m seqpack_bench.bench_stream [--quick] [--n N] [--repeats R] [--efficiency-n N] [--json PATH]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 10 s on 2 cores)")
     ap.add_argument("--n", type=positive_int, default=None,
@@ -242,37 +320,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json", metavar="PATH", default=None,
                     help="also write the figures to PATH as JSON (rewritten after each section)")
     args = ap.parse_args(argv)
-    n_tp = args.n if args.n is not None else (300_000 if args.quick else 1_000_000)
-    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
-    n_eff = args.efficiency_n if args.efficiency_n is not None else (150_000 if args.quick else 500_000)
-    n_rows = 20_000 if args.quick else 100_000
-    figures = {"sizes": {"throughput_n": n_tp, "repeats": repeats, "efficiency_n": n_eff, "rows_n": n_rows},
-               "goals": {}}
-
-    def save() -> None:  # whole file or none: a reader never sees half a JSON document
-        if args.json:
-            path = Path(args.json)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(figures, indent=1) + "\n")
-            os.replace(tmp, path)
-
-    save()
-    import seqpack.stream  # noqa: F401 - load torch before the total clock starts (as the module-level import did)
-
-    t0 = time.perf_counter()
-    figures["throughput"] = bench_throughput(n_tp, repeats)
-    ok1 = figures["goals"]["throughput_ge_1M_per_s"] = figures["throughput"]["stream_numpy_source"] >= THROUGHPUT_GOAL
-    save()
-    ok2, figures["efficiency"] = bench_efficiency(n_eff)
-    figures["goals"]["carry_buffer_1000_le_l1_plus_0.1pct"] = ok2
-    save()
-    figures["state_dict"] = bench_state_size()
-    save()
-    figures["rows"] = bench_rows(n_rows)
-    save()
-    print(f"\nsummary: throughput {'PASS' if ok1 else 'MISS'}, efficiency {'PASS' if ok2 else 'MISS'} "
-          f"({time.perf_counter() - t0:.0f} s)")
+    run_benchmark(quick=args.quick, n=args.n, repeats=args.repeats, efficiency_n=args.efficiency_n,
+                  on_section=(lambda f: write_figures(args.json, f)) if args.json else None)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Shared measurement helpers of the benchmarks: medians of repeats, JSON and PNG writers, tables.
 
-Every benchmark of :mod:`seqpack.bench` measures the programs it compares in the same process and
+Every benchmark of :mod:`seqpack_bench` measures the programs it compares in the same process and
 run, reports the **median** of ``repeats`` runs (wall clock from ``time.perf_counter`` and CPU time
 of this process from ``time.process_time``; on a shared, noisy box the CPU figure is the steadier
 one), and writes one JSON file plus PNG charts (matplotlib, ``Agg`` backend, no display needed).
@@ -89,7 +89,7 @@ def ensure_out_dir(path: str | os.PathLike, *, option: str = "--out") -> Path:
 
     Every benchmark calls this **before** it measures anything, so a bad folder fails in one line
     instead of a traceback after minutes of work. It is the one output-folder check of the project:
-    ``seqpack.train.check_out_dir`` (``seqpack train``) and ``benchmarks/gpu/bench_gpu.py`` call it too.
+    ``seqpack_bench.train.check_out_dir`` (``seqpack train``) and ``seqpack_bench.gpu.bench_gpu`` call it too.
 
     Args:
         path: the folder for the JSON and PNG files.

@@ -1,11 +1,11 @@
-"""`seqpack bench algorithms | prepare | stream`: measured comparisons (OWNER: bench helper).
+"""`seqpack bench algorithms | prepare | stream`: measured comparisons (a typer sub-app, ``bench_app``).
 
 Each command checks ``--out`` first (created if missing; default ``./bench_results``; an empty ``--out``
 is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there.
 Exit codes, as in ``seqpack train``: 2 for a bad option (one readable line naming it, before any work),
 1 for a data error found while running (``bench prepare``: a malformed file in the data folder),
-otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` relays the exit code
-of ``bench_stream.py``.
+otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` exits 1 when the
+benchmark fails (or relays the exit code of a ``--script``).
 """
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ from typing import Optional
 
 import typer
 
-from seqpack.cli.app import app, fail as _fail
+from seqpack.cli.app import fail as _fail
+from seqpack_bench import algorithms as _algorithms
+from seqpack_bench import prepare as _prepare
+from seqpack_bench import stream as _stream
+from seqpack_bench.paths import shared_data_dir
+from seqpack_bench.timing import OutputDirError, ensure_out_dir
 
+#: the ``bench`` command group (added to ``seqpack``'s app through the ``seqpack.cli`` entry point "bench").
 bench_app = typer.Typer(
     help="Measured comparisons with existing packers. Each command writes <name>.json and PNG charts into "
          "--out (default ./bench_results, created if missing); --quick runs a small version (see each --help).",
     no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-
-
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
 
 
 def _int_list(text: str, key: str) -> list[int]:
@@ -42,8 +43,6 @@ def _out_dir(out: str) -> Path:
     """Create and check ``--out`` before any work (one-line error naming --out otherwise).
 
     ``--out`` is taken as text: typer would turn ``--out ""`` into ``Path(".")``, the current folder."""
-    from seqpack.bench.timing import OutputDirError, ensure_out_dir
-
     try:
         return ensure_out_dir(out, option="--out")
     except OutputDirError as exc:
@@ -77,15 +76,15 @@ _PREPARE_HELP = (
 )
 
 _STREAM_HELP = (
-    "Run the streaming-packer benchmark (benchmarks/bench_stream.py), relay its output and exit code, save "
-    "stream.json and chart it.\n\n"
+    "Run the streaming-packer benchmark (python -m seqpack_bench.bench_stream, in this process), relay its "
+    "output, save stream.json and chart it.\n\n"
     "Full default (1,000,000 lengths for throughput, 3 repeats; 500,000 per efficiency set): about 20 s on 2 "
     "cores. --quick (300,000 and 150,000, 2 repeats): about 10 s.\n\n"
     "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
     "stream_throughput.png in --out (default ./bench_results). With --quick its PASS/MISS lines are marked "
     "\"(quick: informational)\": the goals are judged on the full run.\n\n"
-    "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own (0 done, MISS "
-    "included; 1 it failed; 2 it refused an argument)."
+    "Exit codes: 2 bad --script/--out (before any work), 1 the benchmark failed, otherwise 0 (MISS "
+    "included); with --script, the script's own."
 )
 
 
@@ -108,15 +107,13 @@ def algorithms(
                              help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
                                   "(created if missing; not empty)."),
 ) -> None:
-    """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack.bench.algorithms.run_algorithms`."""
-    from seqpack.bench.algorithms import QUICK_SIZES, run_algorithms
-
-    ns = list(QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack_bench.algorithms.run_algorithms`."""
+    ns = list(_algorithms.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
     for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n)):
         if val < 0:
             _fail(f"{key} must be >= 0 (0 = never run that baseline); got {val}")
     out_dir = _out_dir(out)
-    run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
+    _algorithms.run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
                    max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl, quick=quick)
     print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
           f"{out_dir / 'algorithms_bins.png'}")
@@ -140,25 +137,23 @@ def prepare(
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for prepare.json and prepare_time.png (created if missing; not empty)."),
 ) -> None:
-    """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack.bench.prepare.run_prepare`."""
-    from seqpack.bench.prepare import PrepareDataError, PrepareOptionError, check_shared_data, run_prepare
-
+    """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack_bench.prepare.run_prepare`."""
     if shared_data is not None:  # named explicitly: it must be there
         try:
-            check_shared_data(shared_data, option="--shared-data")
+            _prepare.check_shared_data(shared_data, option="--shared-data")
         except ValueError as exc:
             _fail(str(exc), 2)
     else:
-        shared_data = _repo_root().parent / "shared" / "data"
+        shared_data = shared_data_dir()
     if quick:
         records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
     out_dir = _out_dir(out)
     try:
-        run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
+        _prepare.run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
                     synthetic_repeats=synthetic_repeats, out_dir=out_dir, trl=not no_trl, quick=quick)
-    except PrepareOptionError as exc:  # nothing to run / nothing left to pack at --seq-length
+    except _prepare.PrepareOptionError as exc:  # nothing to run / nothing left to pack at --seq-length
         _fail(str(exc), 2)
-    except PrepareDataError as exc:  # a malformed or unreadable data file (named in the message)
+    except _prepare.PrepareDataError as exc:  # a malformed or unreadable data file (named in the message)
         _fail(str(exc), 1)
     print(f"wrote {out_dir / 'prepare.json'}, {out_dir / 'prepare_time.png'}")
 
@@ -166,27 +161,24 @@ def prepare(
 @bench_app.command("stream", help=_STREAM_HELP)
 def stream(
     quick: bool = typer.Option(False, "--quick",
-                               help="Pass --quick to bench_stream.py (300,000 lengths for throughput, 150,000 per "
+                               help="The benchmark's quick sizes (300,000 lengths for throughput, 150,000 per "
                                     "efficiency set, 2 repeats): about 10 s on 2 cores."),
     script: Optional[Path] = typer.Option(None, "--script",
-                                          help="Path of bench_stream.py (default: benchmarks/ of this checkout)."),
+                                          help="A benchmark script of your own to run instead (a child process "
+                                               "given --json FILE, and --quick when asked); default: the built-in "
+                                               "seqpack_bench.bench_stream."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
                                   "(created if missing; not empty)."),
 ) -> None:
-    """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack.bench.stream.run_stream`."""
-    from seqpack.bench.stream import default_script, run_stream
-
+    """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack_bench.stream.run_stream`."""
     if script is not None and script.is_dir():
-        _fail(f"--script {script}: this is a folder, not a file; pass --script PATH of the bench_stream.py file, or "
-              f"leave it out to run {default_script()}", 2)
+        _fail(f"--script {script}: this is a folder, not a file; pass --script PATH of a benchmark script, or "
+              "leave it out to run the built-in benchmark (seqpack_bench.bench_stream)", 2)
     if script is not None and not script.is_file():
-        _fail(f"--script {script}: file not found; pass --script PATH of bench_stream.py, or leave it out to run "
-              f"{default_script()}", 2)
-    if script is None and not default_script().is_file():
-        _fail(f"streaming benchmark not found at {default_script()} (it ships in the source tree, not in the wheel); "
-              "run from a source checkout or pass --script PATH", 2)
+        _fail(f"--script {script}: file not found; pass --script PATH of a benchmark script, or leave it out to run "
+              "the built-in benchmark (seqpack_bench.bench_stream)", 2)
     out_dir = _out_dir(out)
-    res = run_stream(quick=quick, script=script, out_dir=out_dir)
+    res = _stream.run_stream(quick=quick, script=script, out_dir=out_dir)
     print("wrote " + ", ".join(str(out_dir / n) for n in ["stream.json", *res["charts"]]))
     raise typer.Exit(res["returncode"])

@@ -1,5 +1,8 @@
-"""`seqpack train`: the reference loop (padded | packed | in_batch | streaming) on the same samples
-(OWNER: bench helper). See :mod:`seqpack.train`."""
+"""`seqpack train`: the reference loop (padded | packed | in_batch | streaming) on the same samples.
+
+:func:`register` adds the command to ``seqpack``'s app (the ``seqpack.cli`` entry point "train"); the
+loop itself is :mod:`seqpack_bench.train`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from seqpack.cli.app import app, fail
+from seqpack.cli.app import fail
+from seqpack_bench import train as _train
 
 # the attention implementations `--attn` accepts: seqpack.collate.HF_ATTN, each with where it runs (a test
 # checks that this help and check_runtime agree)
@@ -23,12 +27,9 @@ ATTN_HELP = {
 
 def _fail(msg: object, code: int = 2) -> None:
     """:func:`seqpack.cli.app.fail` with the message on one line (library messages embed line breaks)."""
-    from seqpack.train import one_line
-
-    fail(one_line(msg), code)
+    fail(_train.one_line(msg), code)
 
 
-@app.command("train", context_settings={"allow_extra_args": True})
 def train(
     ctx: typer.Context,
     mode: str = typer.Option("all", help="all, or a comma list of padded, packed, in_batch, streaming "
@@ -88,10 +89,7 @@ def train(
     shared machine are noisy, so a MISS there does not change the exit status, and with fewer than 3
     timed steps (after --warmup-steps) no speed verdict is given.
     """
-    from seqpack.train import (CLI_OPTION_NAMES, MODES, TrainConfig, check_out_dir, check_runtime, default_data,
-                               expand_data_paths, load_train_tokenizer, prepare_data, run_training)
-
-    names = CLI_OPTION_NAMES
+    names = _train.CLI_OPTION_NAMES  # _train.<name> is looked up at call time (tests replace some of them)
     if ctx.args:
         _fail(f"unexpected argument(s) {' '.join(map(repr, ctx.args))}: seqpack train takes no positional arguments. "
               "Fix: repeat --data for several files (--data a.jsonl --data b.jsonl), or pass one quoted glob "
@@ -99,35 +97,40 @@ def train(
     if not out.strip():
         _fail("--out is empty; pass the folder for train.json and the PNGs, e.g. --out bench_results")
     # empty / unknown --mode and a bad --dtype are refused by TrainConfig.validate, naming the options
-    modes = list(MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
+    modes = list(_train.MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     try:
-        cfg = TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model, hidden_size=hidden_size,
+        cfg = _train.TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model, hidden_size=hidden_size,
                           num_layers=num_layers, intermediate_size=intermediate_size, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, attn_implementation=attn, device=device, dtype=dtype, lr=lr,
                           seed=seed, algorithm=algorithm, warmup_steps=warmup_steps, loss_tolerance=tolerance,
                           out_dir=out, num_threads=threads or None, progress=not no_progress, tokenizer=tokenizer,
                           option_names=names)  # validated here, messages naming the options
-        check_out_dir(out, option_names=names)  # before any work: an unwritable --out fails now, not after the run
-        check_runtime(cfg, option_names=names)  # --model folder, --device, --attn on this machine
-        tok = load_train_tokenizer(cfg, option_names=names)  # --tokenizer (or the --model folder's)
+        _train.check_out_dir(out, option_names=names)  # before any work: an unwritable --out fails now, not after the run
+        _train.check_runtime(cfg, option_names=names)  # --model folder, --device, --attn on this machine
+        tok = _train.load_train_tokenizer(cfg, option_names=names)  # --tokenizer (or the --model folder's)
     except (ValueError, OSError) as exc:
         _fail(exc)
     # data errors (exit 1): DataFormatError / TokenizerError are ValueErrors naming the file and line
     try:
         if data:
-            files = [str(p) for p in expand_data_paths(data, option_names=names)]
+            files = [str(p) for p in _train.expand_data_paths(data, option_names=names)]
         else:
-            files = [str(default_data())]
+            files = [str(_train.default_data())]
             print(f"data: {files[0]}")
-        samples, pad_id, _ = prepare_data(files, cfg, option_names=names, tokenizer=tok)
+        samples, pad_id, _ = _train.prepare_data(files, cfg, option_names=names, tokenizer=tok)
     except (ValueError, OSError) as exc:
         msg = str(exc)
         _fail(msg if msg.startswith(("--", "no samples")) else f"--data: {msg}", 1)
     try:  # prints one "wrote <path>" line per file written
-        res = run_training(samples, cfg, pad_token_id=pad_id, option_names=names)
+        res = _train.run_training(samples, cfg, pad_token_id=pad_id, option_names=names)
     except (ValueError, OSError) as exc:  # e.g. weights that from_pretrained cannot read
         _fail(exc, 1)
     failed = [g for g in res["goals"] if g.get("kind") == "loss" and g.get("pass") is False]
     if failed:
         _fail(f"{len(failed)} loss-agreement check(s) failed (a correctness failure, not a speed one): "
               + "; ".join(f"{g['goal']}: {g['info']}" for g in failed), 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` to ``app`` (the ``seqpack.cli`` entry point "train" names this function)."""
+    app.command("train", context_settings={"allow_extra_args": True})(train)

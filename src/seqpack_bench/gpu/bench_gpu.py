@@ -1,4 +1,5 @@
-"""Padded vs packed training of a 0.61B-parameter Qwen3-like model on one GPU (run through ``run.sh``).
+"""Padded vs packed training of a 0.61B-parameter Qwen3-like model on one GPU (run through ``run.sh``, or
+``python -m seqpack_bench.gpu.bench_gpu``).
 
 Model: ``Qwen3Config`` built in code (hidden 1024, 24 layers, 16 heads / 8 KV heads, head_dim 64,
 MLP 3072, vocabulary 151,936, untied: 613,208,064 parameters, counted from this config on torch's meta
@@ -6,7 +7,7 @@ device: 311.2 M in the embedding + LM head, 302.0 M in the layers; ``gpu.json`` 
 under ``model.parameters``), random init, fp32 master weights with
 bf16 autocast (``--pure-bf16``: bf16 weights). Data: random-token samples with a seed-like SFT length
 mix (lognormal, median 250 tokens, sigma 1, 2..2048 tokens, first 30 % of each sample untrained).
-Steps: ``seqpack.train.run_training`` with modes ``padded`` and ``packed`` on the same samples per
+Steps: ``seqpack_bench.train.run_training`` with modes ``padded`` and ``packed`` on the same samples per
 step (one pack of capacity 4096 per step), interleaved, ``--steps`` steps (default 100). The step plan is
 ``first_fit_shuffle`` (``TrainConfig`` default), so each padded step is an ordinary random batch of
 about 10 samples. Prediction from the plan alone (CPU, no model): the first 100 steps hold 408,594 real
@@ -27,7 +28,7 @@ the first 3 steps of a GPU run are left out of the throughput (no option); fewer
 give no speed verdict (raise ``--steps``).
 
 Files written to ``--out`` (each printed as ``wrote <path>`` at the end): ``gpu.json`` (this summary),
-and from ``seqpack.train.run_training``: ``train.json`` (per-step losses and times of both modes),
+and from ``seqpack_bench.train.run_training``: ``train.json`` (per-step losses and times of both modes),
 ``train_loss.png``, ``train_throughput.png``.
 
 Exit status: 0 after a run (the goal lines are the verdict), 2 on a bad option (``--steps`` and
@@ -45,10 +46,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared argparse types
-
-from _argtypes import int_at_least  # noqa: E402
+from seqpack_bench._argtypes import int_at_least
+from seqpack_bench.timing import OutputDirError, ensure_out_dir  # stdlib only: checked before torch loads
+from seqpack_bench.train import TrainConfig, one_line, run_training, synthetic_samples, tiny_config
 
 
 #: the GPU model (hidden, layers, heads, KV heads, MLP); vocabulary 151,936, untied: 613,208,064 parameters.
@@ -63,8 +63,6 @@ def count_parameters(size: dict, vocab: int) -> int:
     """Parameters of the tiny Qwen3 config of ``size`` + ``vocab`` (built on the meta device: no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from seqpack.train import tiny_config
 
     conf = tiny_config("qwen3", vocab_size=vocab, **size)
     with torch.device("meta"):
@@ -85,16 +83,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_results",
                     help="folder for gpu.json + PNGs (created and checked before any work)")
     args = ap.parse_args(argv)
-    from seqpack.bench.timing import OutputDirError, ensure_out_dir  # stdlib only: checked before torch loads
-
     try:
         ensure_out_dir(args.out, option="--out")
     except OutputDirError as exc:
         ap.error(str(exc))
 
     import torch
-
-    from seqpack.train import TrainConfig, one_line, run_training, synthetic_samples
 
     t_start = time.perf_counter()
     if args.dry_run:

@@ -2,9 +2,9 @@
 # Padded vs packed training throughput of a 0.61B-parameter Qwen3-like model (613,208,064 parameters, counted
 # from bench_gpu.py's config; see its docstring) on one NVIDIA GPU (H200 target).
 #
-#   bash benchmarks/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast (stopped after 470 s; not yet timed on a GPU)
-#   bash benchmarks/gpu/run.sh --dry-run   # CPU: tiny config, 3 steps, fp32 sdpa (what CI runs)
-#   extra flags go to bench_gpu.py (--steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16);
+#   bash src/seqpack_bench/gpu/run.sh             # GPU: 100 steps padded vs packed, bf16 autocast (stopped after 470 s; not yet timed on a GPU)
+#   bash src/seqpack_bench/gpu/run.sh --dry-run   # CPU: tiny config, 3 steps, fp32 sdpa (what CI runs)
+#   extra flags go to bench_gpu.py (python -m seqpack_bench.gpu.bench_gpu: --steps N, --attn sdpa|flash_attention_2, --out DIR, --pure-bf16);
 #   --attn applies to the GPU run only: the dry run always uses sdpa (bench_gpu.py prints a note and
 #   records the requested value as attn_requested in gpu.json)
 #
@@ -24,7 +24,7 @@
 # transformers 5.17 (checked on CPU, 2026-11-29). No run on a GPU has happened yet.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+SRC="$(cd "$HERE/../.." && pwd)"   # the folder holding seqpack_bench (src/ of a checkout, or site-packages)
 PY="${PYTHON:-python3}"
 DRY=0
 ARGS=()
@@ -63,6 +63,6 @@ else
   ARGS=(--dry-run "${ARGS[@]+"${ARGS[@]}"}")
 fi
 
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
-exec timeout "$LIMIT" "$PY" "$HERE/bench_gpu.py" "${ARGS[@]+"${ARGS[@]}"}"
+exec timeout "$LIMIT" "$PY" -m seqpack_bench.gpu.bench_gpu "${ARGS[@]+"${ARGS[@]}"}"
