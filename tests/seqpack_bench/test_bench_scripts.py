@@ -1,4 +1,4 @@
-"""Argument checks of the standalone scripts in benchmarks/ (bad values exit 2 before any work, naming
+"""Argument checks of the standalone benchmarks ``python -m seqpack_bench.bench_<name>`` (bad values exit 2 before any work, naming
 the option; an explicit size is never replaced by --quick) and bench_balance's cost-bound wording.
 
 No benchmark is run at its real size: the argument errors exit while parsing, and the few runs here use
@@ -7,18 +7,15 @@ a handful of items."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "benchmarks"
+from seqpack_bench._child import child_env, module_command
 
 # (script, argv, option the message must name); argparse scripts, one line "<script>: error: argument <opt>: ..."
 ARGPARSE_CASES = [
@@ -58,8 +55,9 @@ COMPARE_CASES = [
 
 
 def _run(script: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / script), *argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=str(REPO))
+    """``python -m seqpack_bench.<script without .py> <argv>`` (argparse names itself ``<script>``)."""
+    return subprocess.run(module_command(f"seqpack_bench.{script.removesuffix('.py')}", *argv), capture_output=True,
+                          text=True, timeout=timeout, env=child_env())
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +108,7 @@ def test_bench_scale_explicit_lengths_win_over_quick(tmp_path):
 
 
 def _argtypes():
-    spec = importlib.util.spec_from_file_location("bench_argtypes_under_test", BENCH / "_argtypes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("seqpack_bench._argtypes")
 
 
 def test_argtypes_helpers():
@@ -134,10 +129,7 @@ def test_argtypes_helpers():
 
 @pytest.fixture(scope="module")
 def bench_balance():
-    spec = importlib.util.spec_from_file_location("bench_balance_under_test", BENCH / "bench_balance.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("seqpack_bench.bench_balance")
 
 
 def test_bench_balance_prints_trivial_bound_as_1_not_below(bench_balance, capsys):

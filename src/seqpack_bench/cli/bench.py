@@ -5,7 +5,7 @@ is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` pl
 Exit codes, as in ``seqpack train``: 2 for a bad option (one readable line naming it, before any work),
 1 for a data error found while running (``bench prepare``: a malformed file in the data folder),
 otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` exits 1 when the
-benchmark fails (or relays the exit code of a ``--script``).
+benchmark (``seqpack_bench.bench_stream``, run in-process) fails, or relays the exit code of a ``--script``.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ _STREAM_HELP = (
     "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
     "stream_throughput.png in --out (default ./bench_results). With --quick its PASS/MISS lines are marked "
     "\"(quick: informational)\": the goals are judged on the full run.\n\n"
-    "Exit codes: 2 bad --script/--out (before any work), 1 the benchmark failed, otherwise 0 (MISS "
-    "included); with --script, the script's own."
+    "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own (0 done, MISS "
+    "included; 1 it failed); with --script, that script's exit code."
 )
 
 
