@@ -10,7 +10,7 @@ Prints one table per instance: algorithm, n, bins, L1 = ceil(sum/C), the Martell
 excess % over L2, utilization (real tokens / (bins*C)), load spread (max - min pack load, tokens),
 seconds (median of 3 runs of ``pack_lengths`` on one core, bin index lists included; wall
 clock and CPU time of this process, the CPU figure is robust to a busy machine and is the one the
-speed target is judged on). Then the targets from issue #2 with PASS/MISS. TRL's ``pack_dataset(strategy="bfd")`` is timed on the
+speed target is judged on). Then the targets with PASS/MISS. TRL's ``pack_dataset(strategy="bfd")`` is timed on the
 lognormal instance when ``trl`` is importable (``--no-trl`` skips it).
 """
 
@@ -160,7 +160,7 @@ def main(argv=None):
                 checks.append((f"{name}: default bins <= FFD bins",
                                d.num_bins <= res[ffd][0].num_bins,
                                f"{d.num_bins} vs {res[ffd][0].num_bins} (winner {d.detail.get('winner')})"))
-    print("\n== targets (issue #2)")
+    print("\n== targets")
     for label, ok, info in checks:
         print(f"{'PASS' if ok else 'MISS'}  {label:48s} {info}")
 

@@ -8,7 +8,7 @@ Per optimizer step, each of ``--dp`` ranks runs ``--micro-batches`` packed rows.
   (worst step and mean); ``time eff.`` = sum(mean) / sum(max) over steps (1.0 = nobody waits);
 * over cap      = micro-batches (packs) above the token cap (the capacity).
 
-Goals at 8 ranks (issue #5 section 4): token spread <= 0.1 %, cost max/mean <= 1.05, zero
+Goals at 8 ranks: token spread <= 0.1 %, cost max/mean <= 1.05, zero
 micro-batches over cap, every step's micro-batch count a multiple of dp with at most one extra pack
 per rank -- judged on the WORST full step (the remainder step, if any, is printed apart). Methods:
 ``round-robin`` (packs in pack_lengths order), ``packs`` (:func:`balance_packs`: whole packs, LPT +

@@ -1,4 +1,4 @@
-"""Collate speed and loss memory (issue #3 "done when").
+"""Collate speed and loss memory.
 
 1. Time to build one training batch of 8 x 4096 tokens (goal <= 2 ms), median of repeats:
    - ``PackedCollator`` over 8 offline packs of T = 4096 (flattened into one [1, 32768] THD row),

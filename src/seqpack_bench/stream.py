@@ -60,8 +60,9 @@ BUILTIN_COMMAND = "python -m seqpack_bench.bench_stream"
 def parse_stream_output(output: str) -> dict[str, Any]:
     """Read the figures back from the text ``bench_stream.py`` prints (e.g. a saved log).
 
-    :func:`run_stream` does not use this: it gets the figures from :func:`~seqpack_bench.bench_stream.run_benchmark`
-    (or from the ``--json`` file of a ``script``: full precision, no dependence on the text layout). The printed figures are rounded (3 decimals
+    :func:`run_stream` does not use this: it gets the figures from
+    :func:`~seqpack_bench.bench_stream.run_benchmark` (or from the ``--json`` file of a ``script``: full
+    precision, no dependence on the text layout). The printed figures are rounded (3 decimals
     for percentages, whole samples/s).
 
     Section 1 lines ``<name> : <N> samples/s`` give ``throughput`` (samples per second, float):

@@ -1,4 +1,5 @@
-"""Argument checks of the standalone benchmarks ``python -m seqpack_bench.bench_<name>`` (bad values exit 2 before any work, naming
+"""Argument checks of the standalone benchmarks ``python -m seqpack_bench.bench_<name>`` (bad values exit 2
+before any work, naming
 the option; an explicit size is never replaced by --quick) and bench_balance's cost-bound wording.
 
 No benchmark is run at its real size: the argument errors exit while parsing, and the few runs here use
@@ -98,7 +99,7 @@ def test_bench_algorithms_explicit_n_wins_over_quick():
 
 
 def test_bench_scale_explicit_lengths_win_over_quick(tmp_path):
-    # the planner stage alone (what bench_scale runs in a subprocess); --quick used to force 1,000,000 lengths
+    # the planner stage alone (what bench_scale runs in a subprocess); --quick must not force 1,000,000 lengths
     out = tmp_path / "planner.json"
     p = _run("bench_scale.py", ["--stage", "planner", "--quick", "--lengths", "50", "--repeats", "1",
                                 "--result", str(out)])

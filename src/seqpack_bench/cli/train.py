@@ -99,13 +99,14 @@ def train(
     # empty / unknown --mode and a bad --dtype are refused by TrainConfig.validate, naming the options
     modes = list(_train.MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     try:
-        cfg = _train.TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model, hidden_size=hidden_size,
-                          num_layers=num_layers, intermediate_size=intermediate_size, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, attn_implementation=attn, device=device, dtype=dtype, lr=lr,
-                          seed=seed, algorithm=algorithm, warmup_steps=warmup_steps, loss_tolerance=tolerance,
-                          out_dir=out, num_threads=threads or None, progress=not no_progress, tokenizer=tokenizer,
-                          option_names=names)  # validated here, messages naming the options
-        _train.check_out_dir(out, option_names=names)  # before any work: an unwritable --out fails now, not after the run
+        cfg = _train.TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model,
+                                 hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
+                                 num_heads=num_heads, num_kv_heads=num_kv_heads, attn_implementation=attn,
+                                 device=device, dtype=dtype, lr=lr, seed=seed, algorithm=algorithm,
+                                 warmup_steps=warmup_steps, loss_tolerance=tolerance, out_dir=out,
+                                 num_threads=threads or None, progress=not no_progress, tokenizer=tokenizer,
+                                 option_names=names)  # validated here, messages naming the options
+        _train.check_out_dir(out, option_names=names)  # before any work: an unwritable --out fails now
         _train.check_runtime(cfg, option_names=names)  # --model folder, --device, --attn on this machine
         tok = _train.load_train_tokenizer(cfg, option_names=names)  # --tokenizer (or the --model folder's)
     except (ValueError, OSError) as exc:

@@ -20,7 +20,7 @@
 # This workplace's H200 image (/work/.library/device/KINDS.md, 2026-11) has python3 3.12 with torch 2.11,
 # transformers 5.17, tokenizers, numba, pyarrow, typer, rich, matplotlib: nothing needs carrying for this
 # benchmark (synthetic tokens, no tokenizer). It has no pydantic, datasets, torchdata or flash-attn;
-# tests/test_train.py runs the dry run with those blocked, and the HF equivalence tests pass under
+# tests/seqpack_bench/train/test_train_gpu.py runs the dry run with those blocked, and the HF equivalence tests pass under
 # transformers 5.17 (checked on CPU, 2026-11-29). No run on a GPU has happened yet.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
