@@ -40,9 +40,8 @@ __all__ = [
 
 #: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
 _SUBMODULES = {
-    "accounting", "adapters", "algorithms", "bench", "collate", "config", "data", "engines", "hf", "interop",
+    "accounting", "adapters", "algorithms", "collate", "config", "data", "engines", "hf", "interop",
     "io", "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "report", "sample", "stream",
-    "train",
 }
 
 

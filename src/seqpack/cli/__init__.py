@@ -1,14 +1,63 @@
 """seqpack command line (typer + rich). Each command group lives in its own module."""
 
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+import typer
+
 from seqpack.cli.app import app
+
+#: entry-point group of command plugins (see :func:`load_plugins`).
+PLUGIN_GROUP = "seqpack.cli"
+
+
+def load_plugins(target: typer.Typer = app, group: str = PLUGIN_GROUP) -> list[str]:
+    """Add the commands of installed plugins to ``target`` (the ``seqpack`` app).
+
+    A distribution declares a plugin in its pyproject.toml::
+
+        [project.entry-points."seqpack.cli"]
+        bench = "some_package.cli:bench_app"         # a typer.Typer: added as the group `seqpack bench`
+        train = "some_package.cli:register_train"    # a callable: called as register_train(app)
+
+    The object an entry point names is either a ``typer.Typer`` (added as a sub-app under the entry
+    point's name, ``app.add_typer(obj, name=<name>)``) or a callable taking the app (it adds commands
+    itself, e.g. ``app.command("train")(fn)``). Plugins are loaded in entry-point name order, when
+    ``seqpack.cli`` is imported. seqpack imports no plugin by name: the measurement package of this
+    repository registers ``bench`` and ``train`` this way. A plugin that fails to load or register
+    (ImportError, any exception, an object of another type) is skipped with one line on stderr,
+    ``warning: seqpack CLI plugin '<name>' (<module:attr>) not loaded: <Error>: <message>``, so the
+    other commands (``seqpack pack``, ...) keep working.
+
+    Returns:
+        the names of the plugins added.
+    """
+    added = []
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        try:
+            obj = ep.load()
+            if isinstance(obj, typer.Typer):
+                target.add_typer(obj, name=ep.name)
+            elif callable(obj):
+                obj(target)
+            else:
+                raise TypeError(f"{ep.value} is a {type(obj).__name__}, not a typer.Typer or a callable(app)")
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the other commands
+            print(f"warning: seqpack CLI plugin {ep.name!r} ({ep.value}) not loaded: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            continue
+        added.append(ep.name)
+    return added
 
 
 def _register() -> None:
-    # Importing a module registers its commands on ``app``.
+    # Importing a module registers its commands on ``app``; then the plugins' commands.
     from seqpack.cli import pack_cmd  # noqa: F401
     from seqpack.cli import config_cmd  # noqa: F401
-    from seqpack.cli import bench_cmd  # noqa: F401
-    from seqpack.cli import train_cmd  # noqa: F401
+
+    load_plugins(app)
 
 
 _register()

@@ -1,0 +1,184 @@
+"""`seqpack bench algorithms | prepare | stream`: measured comparisons (a typer sub-app, ``bench_app``).
+
+Each command checks ``--out`` first (created if missing; default ``./bench_results``; an empty ``--out``
+is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there.
+Exit codes, as in ``seqpack train``: 2 for a bad option (one readable line naming it, before any work),
+1 for a data error found while running (``bench prepare``: a malformed file in the data folder),
+otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` exits 1 when the
+benchmark (``seqpack_bench.bench_stream``, run in-process) fails, or relays the exit code of a ``--script``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from seqpack.cli.app import fail as _fail
+from seqpack_bench import algorithms as _algorithms
+from seqpack_bench import prepare as _prepare
+from seqpack_bench import stream as _stream
+from seqpack_bench.paths import shared_data_dir
+from seqpack_bench.timing import OutputDirError, ensure_out_dir
+
+#: the ``bench`` command group (added to ``seqpack``'s app through the ``seqpack.cli`` entry point "bench").
+bench_app = typer.Typer(
+    help="Measured comparisons with existing packers. Each command writes <name>.json and PNG charts into "
+         "--out (default ./bench_results, created if missing); --quick runs a small version (see each --help).",
+    no_args_is_help=True)
+
+
+def _int_list(text: str, key: str) -> list[int]:
+    try:
+        vals = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{key} must be a comma list of integers, e.g. 100000,1000000; got {text!r}")
+    if not vals or min(vals) < 1:
+        _fail(f"{key} must list integers >= 1; got {text!r}")
+    return vals
+
+
+def _out_dir(out: str) -> Path:
+    """Create and check ``--out`` before any work (one-line error naming --out otherwise).
+
+    ``--out`` is taken as text: typer would turn ``--out ""`` into ``Path(".")``, the current folder."""
+    try:
+        return ensure_out_dir(out, option="--out")
+    except OutputDirError as exc:
+        _fail(str(exc), 2)
+
+
+_ALGORITHMS_HELP = (
+    "seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped), LLaMA-Factory's greedy knapsack and "
+    "Megatron-Bridge's first fit (decreasing, shuffle), on the same lognormal SFT lengths.\n\n"
+    "Full default (100,000 and 1,000,000 lengths, 3 repeats; Megatron-Bridge only at 100,000): 2 min 19 s "
+    "on 2 cores, peak memory 7.1 GB, TRL at 1,000,000 (measured 2026-11-29; Megatron-Bridge's pure-Python first "
+    "fit takes 1.7 min of it, more on a busy box). --quick (20,000 lengths, 2 repeats): about 25 s.\n\n"
+    "Results: algorithms.json, algorithms_time.png and algorithms_bins.png in --out (default ./bench_results). "
+    "TRL wrapped cuts samples: it is marked \"(cuts samples)\" in the table and charts and is not a packing "
+    "result. Baselines not run (--max-bridge-n, --max-reference-n, not installed) are printed as \"skipped:\" "
+    "lines after the tables. --quick verdicts are informational: the goals are judged on the full run.\n\n"
+    "Exit codes: 2 bad option (before any work), otherwise 0 (MISS verdicts included)."
+)
+
+_PREPARE_HELP = (
+    "Tokenize + pack + write: seqpack pack_dataset vs TRL's SFT preparation + pack_dataset(bfd), on the real "
+    "demo files (../shared/data) and a synthetic chat set.\n\n"
+    "Full default (100,000 synthetic chats, 1 run, plus the 4 real demo files, 3 repeats): about 10 minutes on "
+    "2 cores (estimated: the timed runs of a full run summed to 8.6 minutes, 5.8 of them TRL's). --quick (2,000 "
+    "synthetic chats, 1 repeat): about 25 s.\n\n"
+    "Results: prepare.json and prepare_time.png in --out (default ./bench_results). After the table, a note "
+    "per data set whose samples or tokens differ between seqpack and TRL says why. --quick verdicts are "
+    "informational: the >= 2x goal is judged on the full run (100,000 records).\n\n"
+    "Exit codes: 2 bad option (--out, --shared-data, or a --seq-length that leaves nothing to pack), 1 data "
+    "error (a malformed file in the data folder, named), otherwise 0 (MISS verdicts included)."
+)
+
+_STREAM_HELP = (
+    "Run the streaming-packer benchmark (python -m seqpack_bench.bench_stream, in this process), relay its "
+    "output, save stream.json and chart it.\n\n"
+    "Full default (1,000,000 lengths for throughput, 3 repeats; 500,000 per efficiency set): about 20 s on 2 "
+    "cores. --quick (300,000 and 150,000, 2 repeats): about 10 s.\n\n"
+    "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
+    "stream_throughput.png in --out (default ./bench_results). With --quick its PASS/MISS lines are marked "
+    "\"(quick: informational)\": the goals are judged on the full run.\n\n"
+    "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own (0 done, MISS "
+    "included; 1 it failed); with --script, that script's exit code."
+)
+
+
+@bench_app.command("algorithms", help=_ALGORITHMS_HELP)
+def algorithms(
+    sizes: str = typer.Option("100000,1000000", help="Numbers of lengths, comma separated."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per program (median reported)."),
+    capacity: int = typer.Option(4096, min=1, help="Tokens per pack."),
+    max_reference_n: int = typer.Option(1_000_000, "--max-reference-n",
+                                        help="Largest n for LLaMA-Factory's O(n^2) greedy knapsack (>= 0; 0 = "
+                                             "never run it)."),
+    max_bridge_n: int = typer.Option(100_000, "--max-bridge-n",
+                                     help="Largest n for Megatron-Bridge's O(n * packs) first fit (>= 0; 0 = never "
+                                          "run it)."),
+    no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
+    quick: bool = typer.Option(False, "--quick",
+                               help="20,000 lengths, at most 2 repeats, every program (replaces --sizes): "
+                                    "about 25 s on 2 cores."),
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
+                             help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
+                                  "(created if missing; not empty)."),
+) -> None:
+    """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack_bench.algorithms.run_algorithms`."""
+    ns = list(_algorithms.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n)):
+        if val < 0:
+            _fail(f"{key} must be >= 0 (0 = never run that baseline); got {val}")
+    out_dir = _out_dir(out)
+    _algorithms.run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
+                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl, quick=quick)
+    print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
+          f"{out_dir / 'algorithms_bins.png'}")
+
+
+@bench_app.command("prepare", help=_PREPARE_HELP)
+def prepare(
+    records: int = typer.Option(100_000, min=0, help="Records of the synthetic chat set (0 = none)."),
+    shared_data: Optional[Path] = typer.Option(
+        None, "--shared-data",
+        help="Real data folder (must exist and hold llama-factory/ or fastchat/ files). Default: ../shared/data "
+             "beside the checkout, skipped with a note when absent."),
+    seq_length: int = typer.Option(4096, "--seq-length", min=1, help="Pack capacity in tokens."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per program on the real files (median)."),
+    synthetic_repeats: Optional[int] = typer.Option(None, "--synthetic-repeats", min=1,
+                                                    help="Timed runs on the synthetic set (default --repeats; 1 from 20,000 records)."),
+    no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
+    quick: bool = typer.Option(False, "--quick",
+                               help="2,000 synthetic records (unless --records is given) plus the real files, "
+                                    "1 repeat: about 25 s on 2 cores."),
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
+                             help="Folder for prepare.json and prepare_time.png (created if missing; not empty)."),
+) -> None:
+    """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack_bench.prepare.run_prepare`."""
+    if shared_data is not None:  # named explicitly: it must be there
+        try:
+            _prepare.check_shared_data(shared_data, option="--shared-data")
+        except ValueError as exc:
+            _fail(str(exc), 2)
+    else:
+        shared_data = shared_data_dir()
+    if quick:
+        records, repeats, synthetic_repeats = (2_000 if records == 100_000 else records), 1, 1
+    out_dir = _out_dir(out)
+    try:
+        _prepare.run_prepare(shared_data=shared_data, records=records, seq_length=seq_length, repeats=repeats,
+                    synthetic_repeats=synthetic_repeats, out_dir=out_dir, trl=not no_trl, quick=quick)
+    except _prepare.PrepareOptionError as exc:  # nothing to run / nothing left to pack at --seq-length
+        _fail(str(exc), 2)
+    except _prepare.PrepareDataError as exc:  # a malformed or unreadable data file (named in the message)
+        _fail(str(exc), 1)
+    print(f"wrote {out_dir / 'prepare.json'}, {out_dir / 'prepare_time.png'}")
+
+
+@bench_app.command("stream", help=_STREAM_HELP)
+def stream(
+    quick: bool = typer.Option(False, "--quick",
+                               help="The benchmark's quick sizes (300,000 lengths for throughput, 150,000 per "
+                                    "efficiency set, 2 repeats): about 10 s on 2 cores."),
+    script: Optional[Path] = typer.Option(None, "--script",
+                                          help="A benchmark script of your own to run instead (a child process "
+                                               "given --json FILE, and --quick when asked); default: the built-in "
+                                               "seqpack_bench.bench_stream."),
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
+                             help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
+                                  "(created if missing; not empty)."),
+) -> None:
+    """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack_bench.stream.run_stream`."""
+    if script is not None and script.is_dir():
+        _fail(f"--script {script}: this is a folder, not a file; pass --script PATH of a benchmark script, or "
+              "leave it out to run the built-in benchmark (seqpack_bench.bench_stream)", 2)
+    if script is not None and not script.is_file():
+        _fail(f"--script {script}: file not found; pass --script PATH of a benchmark script, or leave it out to run "
+              "the built-in benchmark (seqpack_bench.bench_stream)", 2)
+    out_dir = _out_dir(out)
+    res = _stream.run_stream(quick=quick, script=script, out_dir=out_dir)
+    print("wrote " + ", ".join(str(out_dir / n) for n in ["stream.json", *res["charts"]]))
+    raise typer.Exit(res["returncode"])
