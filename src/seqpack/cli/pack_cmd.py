@@ -81,7 +81,7 @@ def pack(
     """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from seqpack.engines import get_engine
+    from seqpack.pipeline import get_engine
 
     try:
         pack_dataset = get_engine(engine)
@@ -122,7 +122,7 @@ def pack(
         if code is None:
             raise
         _fail(str(exc), code)
-    from seqpack.report import summary_rows
+    from seqpack.io.summary import summary_rows
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
     _print_entries(res.report.entries, res.output)
@@ -159,7 +159,7 @@ def inspect(
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
     from seqpack.io import load_packed
-    from seqpack.report import plot_report, summary_rows
+    from seqpack.io.summary import plot_report, summary_rows
 
     try:
         ds = load_packed(path, verify=verify)

@@ -24,7 +24,7 @@ from seqpack.data.media.images import load_image_processor
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
-from seqpack.io.writer import check_output_dir
+from seqpack.io.output_dir import check_output_dir
 from seqpack.padding import check_seq_length, compute_pad_multiple
 
 __all__ = [
