@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.io.reader import PackedDataset, load_packed
+
 __all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
 
 REPORT_PNG = "report.png"
@@ -87,8 +89,6 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from seqpack.io.reader import PackedDataset, load_packed
 
     ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
     m = ds.metadata

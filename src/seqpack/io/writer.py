@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack import __version__
 from seqpack.io.fingerprint import sha256_file
 from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_dead_temps
 from seqpack.io.metadata import (
@@ -266,8 +267,6 @@ class PackedWriter:
             self._flush()
             if metadata.num_packs and metadata.num_packs != self.num_rows:
                 raise ValueError(f"metadata.num_packs={metadata.num_packs} but {self.num_rows} rows were written")
-            from seqpack import __version__
-
             metadata.num_packs = self.num_rows
             metadata.shards = list(self.shards)
             metadata.columns = list(COLUMNS)
