@@ -13,21 +13,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
 from seqpack.cli.app import app, err_console as _err, fail as _fail
+from seqpack.data.tokenizer import TokenizerError
 
 _out = Console()
 
 
 def _user_error_code(exc: BaseException) -> int | None:
     """Exit code for a user error, or None for an unexpected exception (a bug: keep the traceback)."""
-    from seqpack.pipeline import PackConfigError
+    from seqpack.pipeline import PackConfigError  # defers pyarrow (io writer) until a command runs
 
     if isinstance(exc, PackConfigError):
         return 2
     if isinstance(exc, ImportError) and "seqpack[ray]" in str(exc):  # optional engine not installed
         return 2
-    from seqpack.data.tokenizer import TokenizerError
-
     if isinstance(exc, TokenizerError):  # unknown / unloadable tokenizer: a message, not a traceback
         return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
@@ -81,7 +81,7 @@ def pack(
     """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from seqpack.engines import get_engine
+    from seqpack.pipeline import get_engine  # defers pyarrow (io writer) until the command runs
 
     try:
         pack_dataset = get_engine(engine)
@@ -122,7 +122,7 @@ def pack(
         if code is None:
             raise
         _fail(str(exc), code)
-    from seqpack.report import summary_rows
+    from seqpack.io.summary import summary_rows  # defers pyarrow (io reader)
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
     _print_entries(res.report.entries, res.output)
@@ -158,8 +158,8 @@ def inspect(
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
-    from seqpack.io import load_packed
-    from seqpack.report import plot_report, summary_rows
+    from seqpack.io import load_packed  # defers pyarrow until the command runs
+    from seqpack.io.summary import plot_report, summary_rows
 
     try:
         ds = load_packed(path, verify=verify)
@@ -183,8 +183,6 @@ def inspect(
 @app.command("algorithms")
 def algorithms() -> None:
     """List the packing algorithms, one line each (the default is marked)."""
-    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
-
     default = PackingAlgorithm(DEFAULT_ALGORITHM)
     width = max(len(a.value) for a in PackingAlgorithm) + len(" (default)")
     for a in PackingAlgorithm:

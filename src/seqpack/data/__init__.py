@@ -6,22 +6,17 @@ Public API::
     tok = load_tokenizer("qwen3")                       # embedded Qwen3 tokenizer, offline
     samples, report = prepare("data/*.jsonl", tok, seq_length=4096)
 
-See ``seqpack.data.formats`` (record formats), ``seqpack.data.tokenize`` (assistant-only labels,
-over-length policy) and ``seqpack.data.sample`` (the ``Sample`` / label contract).
+Layout: ``sources`` (reading files and datasets) -> ``formats`` (one normaliser per record format) ->
+``chat_template`` (rendering + assistant-only mask) -> ``length_policy`` (the over-length policy, text
+and images) -> ``prepare``; ``tokenizer`` loads tokenizers; ``media`` handles image-text samples;
+``sample`` is the ``Sample`` / label contract.
 """
 
+from .chat_template import TRAIN_ON, TemplateMarkers, encode_texts, render_conversation
 from .formats import FORMATS, Conversation, DataFormatError, detect_format, normalize_record
+from .length_policy import OVERLENGTH_POLICIES, OverlengthError, apply_overlength
 from .prepare import prepare
 from .sample import IGNORE_INDEX, PrepareReport, Sample, SampleRecord, shift_labels
-from .tokenize import (
-    OVERLENGTH_POLICIES,
-    TRAIN_ON,
-    OverlengthError,
-    TemplateMarkers,
-    apply_overlength,
-    encode_texts,
-    render_conversation,
-)
 from .tokenizer import TokenizerError, load_tokenizer, tokenizer_fingerprint
 
 __all__ = [

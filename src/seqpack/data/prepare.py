@@ -7,30 +7,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from .formats import (
-    FORMATS,
-    Conversation,
-    DataFormatError,
-    RawRecord,
-    dataset_name,
-    expand_inputs,
-    iter_records,
-    normalize_record,
-)
-from .sample import PrepareReport, Sample, SampleRecord
-from .tokenizer import TokenizerError, load_tokenizer
-from .tokenize import (
-    OVERLENGTH_POLICIES,
-    TRAIN_ON,
-    TemplateMarkers,
-    apply_overlength,
-    encode_texts,
-    render_conversation,
-)
+from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers, encode_texts, render_conversation
+from seqpack.data.formats import FORMATS, normalize_record
+from seqpack.data.length_policy import OVERLENGTH_POLICIES, apply_overlength
+from seqpack.data.records import Conversation, DataFormatError, RawRecord
+from seqpack.data.sample import PrepareReport, Sample, SampleRecord
+from seqpack.data.sources import InMemoryRecords, dataset_name, expand_inputs, is_dataset, iter_records
+from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 
-__all__ = ["prepare", "ON_ERROR"]
+__all__ = ["ON_ERROR", "UNLIMITED", "display_names", "prepare", "rename_source"]
 
+#: ``on_error`` values: ``"raise"`` on the first bad record, or ``"skip"`` and report it.
 ON_ERROR = ("raise", "skip")
+
+#: ``seq_length`` for an unlimited-length pass (image samples are cut only after their expansion).
+UNLIMITED = 2**31 - 1
 
 ProgressFn = Callable[[str, int, "int | None"], None]
 
@@ -59,7 +50,7 @@ def prepare(
             ``load_tokenizer`` (``"qwen3"`` = embedded Qwen3 tokenizer, a folder or a hub id).
         seq_length: capacity in tokens; no returned sample is longer.
         overlength: ``"truncate"`` (default) | ``"drop"`` | ``"split"`` (pretraining-style, opt-in)
-            | ``"error"``; see ``seqpack.data.tokenize.apply_overlength``.
+            | ``"error"``; see ``seqpack.data.length_policy``.
         on_error: ``"raise"`` (default) raises ``DataFormatError`` on the first bad record;
             ``"skip"`` lists it in the report (status ``"skipped"``) and goes on. A file that is not
             valid JSON as a whole always raises (its records cannot be counted).
@@ -109,7 +100,7 @@ def prepare(
     markers = TemplateMarkers.probe(tokenizer, chat_template_kwargs)
 
     items = expand_inputs(inputs)
-    names = _display_names(items)
+    names = display_names(items)
     total = _total_records(items)
     report = PrepareReport()
     samples: list[Sample] = []
@@ -172,7 +163,7 @@ def _skip_entry(raw: RawRecord, sid: str, e: DataFormatError) -> SampleRecord:
     return SampleRecord(sid, raw.source, raw.index, "skipped", e.reason, detail)
 
 
-def _display_names(items: list[Any]) -> list[str]:
+def display_names(items: list[Any]) -> list[str]:
     """Provenance prefix of the sample ids, one per input (``items`` from ``expand_inputs``, where a
     file reached twice is already listed once).
 
@@ -181,9 +172,7 @@ def _display_names(items: list[Any]) -> list[str]:
     dataset is named by its name, suffixed ``[k]`` (k = 0, 1, ... in input order) where several inputs
     share it. The returned names are unique, so sample ids ``"<name>:<index>"`` are unique.
     """
-    from .formats import InMemoryRecords, _is_dataset
-
-    is_file = [not (_is_dataset(it) or isinstance(it, InMemoryRecords)) for it in items]
+    is_file = [not (is_dataset(it) or isinstance(it, InMemoryRecords)) for it in items]
     base = [
         Path(it).name if f else it.name if isinstance(it, InMemoryRecords) else dataset_name(it)
         for it, f in zip(items, is_file)
@@ -209,10 +198,10 @@ def _display_names(items: list[Any]) -> list[str]:
     return out
 
 
-def _rename_source(records: Any, old: str, new: str) -> None:
+def rename_source(records: Any, old: str, new: str) -> None:
     """Rewrite the id prefix ``"<old>:"`` to ``"<new>:"`` in place on ``Sample`` s / report entries.
 
-    ``prepare`` of one input names it by :func:`_display_names` of that input alone (its file name);
+    ``prepare`` of one input names it by :func:`display_names` of that input alone (its file name);
     an engine that prepares a multi-file job one file at a time renames the ids to the display name
     from the whole input list (which may carry a distinguishing path suffix), so the ids equal those
     of one ``prepare`` call on every input. Objects whose ``sample_id`` has another prefix are left as
@@ -228,14 +217,12 @@ def _rename_source(records: Any, old: str, new: str) -> None:
 
 
 def _total_records(items: list[Any]) -> int | None:
-    from .formats import InMemoryRecords, _is_dataset
-
     total = 0
     for it in items:
         if isinstance(it, InMemoryRecords):
             total += len(it)
             continue
-        if not _is_dataset(it):
+        if not is_dataset(it):
             return None
         try:
             total += len(it)

@@ -21,7 +21,8 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 from seqpack.io.reader import EXPECT_KEYS, MEDIA_EXPECT_KEYS, PackedDataset, load_packed
-from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, check_output_dir, write_packed
+from seqpack.io.output_dir import check_output_dir
+from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, write_packed
 
 __all__ = [
     "COLUMNS",

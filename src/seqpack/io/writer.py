@@ -28,7 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack import __version__
 from seqpack.io.fingerprint import sha256_file
+from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_dead_temps
 from seqpack.io.metadata import (
     DATA_DIR,
     FORMAT_VERSION,
@@ -67,77 +69,6 @@ COLUMNS = tuple(SCHEMA.names)
 
 _INT32_MAX = np.iinfo(np.int32).max
 _MAX_SHARD_TOKENS = 1 << 28  # tokens per shard; keeps list offsets far below 2**31
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an output directory that must not be written (call it before any expensive work).
-
-    Raises:
-        FileExistsError: ``output`` is an existing seqpack dataset and ``overwrite`` is False, or it is
-            a file, or a non-empty directory that is not a seqpack dataset (never deleted, even with
-            ``overwrite``).
-    """
-    out = Path(output)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"output {out} exists and is a file, not a directory; choose another --output")
-    if not any(out.iterdir()):
-        return
-    if (out / METADATA_FILE).is_file():
-        if not overwrite:
-            raise FileExistsError(
-                f"output {out} already holds a packed dataset; pass --overwrite (overwrite=True) to "
-                "replace it, or choose another --output"
-            )
-        return
-    raise FileExistsError(
-        f"output {out} is a non-empty directory that is not a seqpack packed dataset (no "
-        f"{METADATA_FILE}); refusing to delete it even with --overwrite. Choose another --output or "
-        "empty it yourself."
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _remove_dead_temps(output: Path) -> None:
-    """Delete ``.NAME.tmp-<pid>-<id>`` directories left by writers that were killed (their pid is gone)."""
-    for p in output.parent.glob(f".{output.name}.tmp-*"):
-        try:
-            pid = int(p.name[len(f".{output.name}.tmp-") :].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def _row_arrays(row: Any) -> dict[str, Any]:
@@ -265,7 +196,7 @@ class PackedWriter:
         self.row_group_size = int(row_group_size)
         self.compression = compression
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temps(self.output)
+        remove_dead_temps(self.output)
         self.tmp = self.output.parent / f".{self.output.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         (self.tmp / DATA_DIR).mkdir(parents=True)
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}
@@ -314,7 +245,7 @@ class PackedWriter:
         name = f"{DATA_DIR}/shard-{len(self.shards):05d}.parquet"
         path = self.tmp / name
         pq.write_table(table, path, row_group_size=self.row_group_size, compression=self.compression)
-        _fsync_file(path)
+        fsync_file(path)
         self.shards.append(ShardInfo(file=name, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
         self._buf = {c: [] for c in COLUMNS}
         self._buf_tokens = 0
@@ -336,8 +267,6 @@ class PackedWriter:
             self._flush()
             if metadata.num_packs and metadata.num_packs != self.num_rows:
                 raise ValueError(f"metadata.num_packs={metadata.num_packs} but {self.num_rows} rows were written")
-            from seqpack import __version__
-
             metadata.num_packs = self.num_rows
             metadata.shards = list(self.shards)
             metadata.columns = list(COLUMNS)
@@ -357,30 +286,14 @@ class PackedWriter:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(meta_tmp, self.tmp / METADATA_FILE)
-            _fsync_dir(self.tmp / DATA_DIR)
-            _fsync_dir(self.tmp)
-            self._publish()
+            fsync_dir(self.tmp / DATA_DIR)
+            fsync_dir(self.tmp)
+            publish_dir(self.tmp, self.output, self.overwrite)
         except BaseException:
             self.abort()
             raise
         self._done = True
         return metadata
-
-    def _publish(self) -> None:
-        check_output_dir(self.output, self.overwrite)
-        old = None
-        if self.output.exists():
-            old = self.output.parent / f".{self.output.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.output, old)
-        try:
-            os.rename(self.tmp, self.output)
-        except BaseException:
-            if old is not None:
-                os.rename(old, self.output)
-            raise
-        _fsync_dir(self.output.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
     def abort(self) -> None:
         """Delete the temp directory (the target is left untouched)."""

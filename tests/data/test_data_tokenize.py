@@ -1,4 +1,4 @@
-"""Chat-template tokenization, assistant-only labels and the over-length policy (seqpack.data.tokenize).
+"""Chat-template tokenization, assistant-only labels and the over-length policy (seqpack.data.chat_template, seqpack.data.length_policy).
 
 Cases from public-failures.md covered here (data side): B04, B05, B06, B09, B10, B11, B12.
 Packed expectations are expressed by concatenating ``Sample.labels`` (the packed-row builder

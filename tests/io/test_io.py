@@ -360,7 +360,7 @@ def test_sigkill_mid_write_never_leaves_a_complete_looking_dataset(tmp_path):
         write_packed(rows(), {str(out)!r}, _meta(), rows_per_shard=1)
         """
     )
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**__import__("os").environ, "PYTHONPATH": src}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()

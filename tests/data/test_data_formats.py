@@ -1,4 +1,4 @@
-"""Record reading and normalisation (seqpack.data.formats) and bad-input errors through prepare()."""
+"""Record reading and normalisation (seqpack.data.sources, seqpack.data.formats) and bad-input errors through prepare()."""
 
 from __future__ import annotations
 
@@ -355,3 +355,61 @@ def test_data_format_error_survives_pickling():
     assert str(back) == str(err) == "a.jsonl, line 7: bad role 'robot' Fix: use user/assistant"
     assert (back.source, back.line, back.index, back.reason, back.fix) == ("a.jsonl", 7, 6, "unknown_role",
                                                                            "use user/assistant")
+
+
+# ------------------------------------------------------------------------ 3. empty assistant turns
+
+
+GOOD_OPENAI = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+EMPTY_TURNS = [
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": " \n"}]}]},
+    {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""},
+                       {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]},
+    {"instruction": "q", "output": ""},
+]
+
+
+@pytest.mark.parametrize("rec", EMPTY_TURNS)
+def test_empty_assistant_turn_is_an_error(tmp_path, qwen3_tokenizer, rec):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps(GOOD_OPENAI) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(DataFormatError) as ei:
+        prepare(p, qwen3_tokenizer, seq_length=64)
+    e = ei.value
+    assert (e.reason, e.line) == ("empty_assistant_turn", 2)
+    assert f"{p}, line 2: assistant turn 1 (message 1 " in str(e) and "Fix:" in str(e)
+    samples, rep = prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert len(samples) == 1 and [(x.reason, x.index) for x in rep.entries] == [("empty_assistant_turn", 1)]
+
+
+def test_null_content_with_tool_calls_and_reasoning_only_turns_are_valid(qwen3_tokenizer):
+    rec = {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": "{\"c\": \"Oslo\"}"}}]},
+        {"role": "tool", "content": "rain"},
+        {"role": "assistant", "content": "", "reasoning_content": "It rains, so say so."},
+    ]}
+    samples, rep = prepare([rec], qwen3_tokenizer, seq_length=512)
+    assert len(samples) == 1 and not rep.entries
+    trained = qwen3_tokenizer.decode(samples[0].input_ids[1:][samples[0].labels[:-1] != -100])
+    assert '"name": "w"' in trained and "It rains, so say so." in trained
+
+
+# ---------------------------------------------------------------------- 4. forced-format key errors
+
+
+def test_forced_alpaca_on_messages_names_missing_key_and_detected_format():
+    with pytest.raises(DataFormatError) as ei:
+        normalize_record(RawRecord(GOOD_OPENAI, "d.jsonl", 0, line=1), "alpaca")
+    e = ei.value
+    assert e.reason == "missing_key"
+    assert "missing key 'instruction'" in str(e) and "NoneType" not in str(e)
+    assert "(record looks like the 'openai' format; use --format auto" in str(e)
+    with pytest.raises(DataFormatError, match="missing key 'messages'.*looks like the 'alpaca' format"):
+        normalize_record(RawRecord({"instruction": "a", "output": "b"}, "d.json", 0), "openai")
+    with pytest.raises(DataFormatError, match="missing key 'output'"):
+        normalize_record(RawRecord({"instruction": "a"}, "d.json", 0), "alpaca")

@@ -1,30 +1,7 @@
-"""Chat template rendering, assistant-only labels and the over-length policy.
+"""Chat template rendering and the assistant-token mask: a ``Conversation`` in, text + trainable spans
+out (``render_conversation``), then token ids + a per-token trainable mask (``encode_texts``).
 
-How assistant tokens are found (template-agnostic, no ``{% generation %}`` tags needed):
-
-1. Once per tokenizer, ``TemplateMarkers.probe`` renders tiny sentinel conversations to learn
-   the template's **assistant header** (what ``add_generation_prompt=True`` appends, cut before a
-   ``<think>`` opener, e.g. ``"<|im_start|>assistant\\n"`` for Qwen3) and its **end-of-turn**
-   texts (what follows the assistant content, cut after the EOS token or trailing whitespace, e.g.
-   ``"<|im_end|>"``; earlier turns may close differently, e.g. gpt-oss ``<|end|>``).
-2. Each conversation is rendered to text **once**, with its real contents and ``tools=``
-   (``render_conversation``). Walking the messages in order, each assistant turn's span is
-   ``[end of its header, end of its end-of-turn marker)`` in character space. Templates whose
-   rendering of a prefix is not a prefix of the full rendering (Qwen3 drops reasoning from earlier
-   turns and adds an empty think block only after the last user query) need nothing special,
-   because only the full rendering is used.
-3. All texts of a batch are tokenized in one fast-tokenizer call with
-   ``return_offsets_mapping=True``; a token is trainable when its first character lies in an
-   assistant span. Labels follow the shifted contract: ``shift_labels(input_ids, trainable)``.
-
-What is trained (``train_on="assistant"``): everything the template renders for an assistant turn
-after the assistant header, i.e. what the model generates: the think block as rendered (Qwen3: the
-``<think>...</think>`` block, empty or not, where the template emits one; reasoning of earlier turns
-is dropped by the template and so is not in the text), the content, the tool calls as rendered,
-and the end-of-turn token (``<|im_end|>`` for Qwen3). The newline after ``<|im_end|>`` is not
-trained. ``train_on="all"`` trains every token.
-
-Jinja renders message contents as data, so literal ``{{name}}`` text in records stays literal.
+How assistant tokens are found and what is trained: ``docs/notes/chat_template.md``.
 """
 
 from __future__ import annotations
@@ -34,29 +11,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .formats import Conversation, DataFormatError
-from .sample import Sample, SampleRecord, shift_labels
+from seqpack.data.records import Conversation, DataFormatError
 
-__all__ = [
-    "OVERLENGTH_POLICIES",
-    "TRAIN_ON",
-    "OverlengthError",
-    "TemplateMarkers",
-    "render_conversation",
-    "encode_texts",
-    "apply_overlength",
-]
+__all__ = ["TRAIN_ON", "TemplateMarkers", "render_conversation", "encode_texts"]
 
-OVERLENGTH_POLICIES = ("truncate", "drop", "split", "error")
+#: Which tokens are trained: ``"assistant"`` (what the model generates) or ``"all"``.
 TRAIN_ON = ("assistant", "all")
 
 _SENT_USER = "\ue000seqpack user probe\ue001"
 _SENT_ASSISTANT = "\ue000seqpack assistant probe\ue001"
-
-
-class OverlengthError(ValueError):
-    """A sample is longer than ``seq_length`` under ``overlength="error"``."""
-
 
 @dataclass(frozen=True)
 class TemplateMarkers:
@@ -390,128 +353,3 @@ def encode_texts(
         trainable = (np.searchsorted(bounds, starts, side="right") % 2) == 1
         out.append((ids, trainable))
     return out
-
-
-def apply_overlength(
-    input_ids: np.ndarray,
-    trainable: np.ndarray,
-    *,
-    seq_length: int,
-    overlength: str = "truncate",
-    sample_id: str,
-    source: str | None = None,
-    index: int | None = None,
-    media: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
-    keep_untrainable: bool = False,
-) -> tuple[list[Sample], list[SampleRecord]]:
-    """Turn one tokenized example into final ``Sample``(s) under the over-length policy.
-
-    Args:
-        input_ids: int ``[L]`` token ids.
-        trainable: bool ``[L]`` unshifted trainable mask (``trainable[t]``: token t is a target).
-        seq_length: capacity in tokens (a sample keeps at most this many tokens).
-        overlength: ``"truncate"`` (SFT default: keep the first ``seq_length`` tokens; the first
-            dropped token becomes the explicit final target ``labels[-1]`` when it is trainable,
-            case B12), ``"drop"``, ``"error"`` or ``"split"`` (pretraining-style, opt-in: fragments
-            ``"<id>#part<k>"``, k = 0, 1, ..., each ``<= seq_length`` tokens; every token is kept
-            exactly once and each fragment's last label is the first token of the next fragment
-            when trainable, cases B09/B10). Samples carrying media are dropped rather than cut
-            (cutting would orphan image placeholders; reason ``"overlength_media"``).
-        sample_id, source, index, media, meta: provenance copied into the ``Sample``(s).
-        keep_untrainable: keep (instead of drop) a sample left with no trainable label.
-
-    Returns:
-        ``(samples, entries)``: the samples (their ``length`` is recomputed after every
-        transform, case B11) and the report entries (``truncated``/``split``/``dropped``) for this
-        example. A dropped sample is never charged its raw length.
-
-    Raises:
-        OverlengthError: ``overlength="error"`` and ``L > seq_length``.
-        ValueError: unknown policy or ``seq_length < 1``.
-    """
-    if overlength not in OVERLENGTH_POLICIES:
-        raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")
-    if seq_length < 1:
-        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
-    ids = np.asarray(input_ids, dtype=np.int32)
-    tr = np.asarray(trainable, dtype=bool)
-    n = int(ids.shape[0])
-    meta = dict(meta or {})
-    entries: list[SampleRecord] = []
-
-    def rec(status: str, reason: str, detail: str, before: int | None, after: int | None) -> SampleRecord:
-        return SampleRecord(sample_id, source, index, status, reason, detail, before, after)
-
-    if n == 0:
-        return [], [rec("dropped", "empty_sample", "the rendered conversation has no tokens", 0, 0)]
-
-    if n > seq_length:
-        if overlength == "error":
-            raise OverlengthError(
-                f"sample {sample_id!r} ({source}, record {index}) has {n} tokens > seq_length={seq_length}. "
-                "Fix: raise seq_length, or set overlength to 'truncate' (SFT default), 'drop' or 'split'."
-            )
-        if overlength == "drop":
-            return [], [rec("dropped", "overlength", f"{n} tokens > seq_length={seq_length}", n, 0)]
-        if media and overlength in ("truncate", "split"):
-            return [], [
-                rec(
-                    "dropped",
-                    "overlength_media",
-                    f"{n} tokens > seq_length={seq_length}; a sample with images is dropped rather than cut "
-                    "(cutting would orphan image placeholders). Raise seq_length to keep it.",
-                    n,
-                    0,
-                )
-            ]
-        if overlength == "split":
-            samples = []
-            n_parts = -(-n // seq_length)
-            untrained = 0
-            for k in range(n_parts):
-                a, b = k * seq_length, min(n, (k + 1) * seq_length)
-                final = int(ids[b]) if b < n and tr[b] else None
-                labels = shift_labels(ids[a:b], tr[a:b], final_target=final)
-                s = Sample(
-                    ids[a:b],
-                    labels,
-                    f"{sample_id}#part{k}",
-                    source,
-                    index,
-                    media,
-                    {**meta, "part": k, "num_parts": n_parts, "tokens_before": n},
-                )
-                untrained += s.num_trainable == 0
-                samples.append(s)
-            detail = f"{n} tokens split into {n_parts} fragments of <= {seq_length} (pretraining-style)"
-            if untrained:
-                detail += f"; {untrained} fragment(s) have no trainable label (kept: split keeps every token)"
-            return samples, [rec("split", "overlength", detail, n, n)]
-        # truncate (B11/B12): keep seq_length tokens, first dropped token as explicit final target
-        final = int(ids[seq_length]) if tr[seq_length] else None
-        t_ids, t_tr = ids[:seq_length], tr[:seq_length]
-        labels = shift_labels(t_ids, t_tr, final_target=final)
-        sample = Sample(t_ids, labels, sample_id, source, index, media, {**meta, "truncated_from": n})
-        if sample.num_trainable == 0 and not keep_untrainable:
-            return [], [
-                rec(
-                    "dropped",
-                    "no_trainable_tokens",
-                    f"truncated from {n} to {seq_length} tokens, no trainable token left",
-                    n,
-                    0,
-                )
-            ]
-        entries.append(rec("truncated", "overlength", f"truncated from {n} to {seq_length} tokens", n, seq_length))
-        if sample.num_trainable == 0:
-            entries.append(rec("kept", "no_trainable_tokens", "kept (keep_untrainable=True)", n, seq_length))
-        return [sample], entries
-
-    labels = shift_labels(ids, tr)
-    sample = Sample(ids, labels, sample_id, source, index, media, meta)
-    if sample.num_trainable == 0:
-        if not keep_untrainable:
-            return [], [rec("dropped", "no_trainable_tokens", "no trainable token", n, 0)]
-        entries.append(rec("kept", "no_trainable_tokens", "kept (keep_untrainable=True)", n, n))
-    return [sample], entries

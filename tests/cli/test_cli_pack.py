@@ -138,7 +138,7 @@ def test_algorithms_lists_one_line_each():
 
 def test_summary_rows_show_gap_to_lower_bound_and_reasons():
     from seqpack.io import PackedMetadata
-    from seqpack.report import summary_rows
+    from seqpack.io.summary import summary_rows
 
     m = PackedMetadata(seq_length=4096, num_packs=5, lower_bound=4, packing_efficiency=0.8125,
                        counts={"records_read": 10, "samples_packed": 8, "dropped": {"overlength": 1},

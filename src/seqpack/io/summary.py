@@ -1,4 +1,6 @@
-"""Human-readable summaries of a packed dataset: the summary rows shown by the CLI and ``report.png``.
+"""Summary of a packed dataset for people (``seqpack pack`` / ``seqpack inspect``): the summary rows built
+from its metadata, and the ``report.png`` plot (the per-record accounting is ``report.jsonl``, written by
+``seqpack.io.writer``; the in-memory one is ``seqpack.data.sample.PrepareReport``).
 
 ``report.png`` has two panels: the histogram of real sample (segment) lengths and the histogram of pack
 fill (real tokens / ``seq_length``). Drawn with matplotlib's Agg canvas directly (no ``pyplot``, no
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from seqpack.io.reader import PackedDataset, load_packed
 
 __all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
 
@@ -85,8 +89,6 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from seqpack.io.reader import PackedDataset, load_packed
 
     ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
     m = ds.metadata

@@ -13,7 +13,8 @@ import pytest
 
 import seqpack.packed as packed
 from seqpack.io.spill import SampleSpill
-from seqpack.pipeline import _pack_in_memory, pack_dataset
+from seqpack.pipeline import pack_dataset
+from seqpack.pipeline.local import _pack_in_memory
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
 @pytest.fixture(scope="module")
 def ray_runtime():
     ray = pytest.importorskip("ray")
-    from seqpack.engines.ray_engine import start_ray
+    from seqpack.pipeline.ray import start_ray
 
     owned = not ray.is_initialized()
     if owned:
@@ -56,7 +56,7 @@ def _packs(res):
 
 
 def test_ray_global_planning_equals_local_engine(ray_runtime, shards, tmp_path):
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
 
     local = pack_dataset(shards, tmp_path / "local", **SETTINGS)
     ray_res = pack_dataset_ray(shards, tmp_path / "ray", num_cpus=2, planning="global", packs_per_task=3, **SETTINGS)
@@ -82,7 +82,7 @@ def test_ray_global_planning_equals_local_engine(ray_runtime, shards, tmp_path):
 
 
 def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runtime, shards, tmp_path):
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
 
     local = pack_dataset(shards, tmp_path / "local", **SETTINGS)
     res = pack_dataset_ray(shards, tmp_path / "ray", num_cpus=2, planning="per_shard", **SETTINGS)
@@ -111,7 +111,7 @@ def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runt
 
 def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):
     from seqpack.data import DataFormatError
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
 
     with pytest.raises(DataFormatError) as ei:
         pack_dataset_ray(shards, tmp_path / "out", num_cpus=2, **{**SETTINGS, "on_error": "raise"})
@@ -122,7 +122,7 @@ def test_ray_worker_error_names_file_and_line(ray_runtime, shards, tmp_path):
 def test_ray_nothing_to_pack_gives_the_local_engines_error(ray_runtime, shards, tmp_path):
     """Every record dropped (seq_length 8, overlength drop): the same NothingToPackError text as the local
     engine (inputs, counts by reason, fix), and nothing written."""
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
     from seqpack.pipeline import NothingToPackError
 
     settings = {**SETTINGS, "seq_length": 8, "overlength": "drop"}
@@ -139,7 +139,7 @@ def test_ray_refuses_image_records_at_tokenize_time(ray_runtime, tmp_path):
     """Image-text records need the local engine (placeholder expansion); the Ray engine says so before writing."""
     from PIL import Image
 
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
 
     Image.new("RGB", (28, 28), "red").save(tmp_path / "a.png")
     rec = {"messages": [{"role": "user", "content": "<image>What colour?"},
@@ -151,7 +151,7 @@ def test_ray_refuses_image_records_at_tokenize_time(ray_runtime, tmp_path):
 
 
 def test_ray_settings_checked_before_starting_ray(tmp_path):
-    from seqpack.engines.ray_engine import pack_dataset_ray
+    from seqpack.pipeline import pack_dataset_ray
 
     with pytest.raises(PackConfigError, match="planning"):
         pack_dataset_ray(None, tmp_path / "o", planning="sharded")
@@ -160,7 +160,7 @@ def test_ray_settings_checked_before_starting_ray(tmp_path):
 
 
 def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
-    from seqpack.engines import ray_engine
+    from seqpack.pipeline import ray as ray_engine
 
     real_import = builtins.__import__
 
@@ -176,7 +176,7 @@ def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_get_engine_names():
-    from seqpack.engines import get_engine
+    from seqpack.pipeline import get_engine
 
     assert get_engine("local") is pack_dataset
     with pytest.raises(ValueError, match="unknown engine 'spark'.*local, ray"):
@@ -196,22 +196,22 @@ class _FakeDS:
 def _pack_table(gids):
     import pyarrow as pa
 
-    from seqpack.engines.ray_engine import _pack_rows
+    from seqpack.pipeline.ray_rows import pack_rows
 
     packs = [build_packed_sequence([Sample(np.array([g + 1, g + 2], np.int32), np.array([g + 2, -100], np.int32),
                                            f"s:{g}")], pad_token_id=0) for g in gids]
-    return _pack_rows(pa, 0, np.asarray(gids), packs)
+    return pack_rows(pa, 0, np.asarray(gids), packs)
 
 
 def test_reorder_buffer_yields_packs_in_order_and_refuses_gaps():
     pytest.importorskip("pyarrow")
-    from seqpack.engines.ray_engine import _iter_pack_rows
+    from seqpack.pipeline.ray_rows import iter_pack_rows
 
     ds = _FakeDS([_pack_table([2, 3]), _pack_table([0]), _pack_table([1, 4])])
-    rows = list(_iter_pack_rows(ds, np.zeros(1, np.int64), 5))
+    rows = list(iter_pack_rows(ds, np.zeros(1, np.int64), 5))
     assert [r.sample_ids[0] for r in rows] == [f"s:{g}" for g in range(5)]
     np.testing.assert_array_equal(rows[3].input_ids, [4, 5])
     with pytest.raises(RuntimeError, match="missing pack 1"):
-        list(_iter_pack_rows(_FakeDS([_pack_table([0, 2])]), np.zeros(1, np.int64), 3))
+        list(iter_pack_rows(_FakeDS([_pack_table([0, 2])]), np.zeros(1, np.int64), 3))
     with pytest.raises(RuntimeError, match="pack 0 was built twice"):
-        list(_iter_pack_rows(_FakeDS([_pack_table([0]), _pack_table([0])]), np.zeros(1, np.int64), 1))
+        list(iter_pack_rows(_FakeDS([_pack_table([0]), _pack_table([0])]), np.zeros(1, np.int64), 1))

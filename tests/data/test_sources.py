@@ -1,20 +1,18 @@
-"""Regression tests for data-layer bugs found by a newcomer run: Arrow null fill in tool schemas,
-invalid UTF-8 / BOM in JSONL, empty assistant turns, forced-format key errors, unknown tokenizers,
-the same file given twice and files sharing a name."""
+"""Reading inputs (seqpack.data.sources) through prepare(): Arrow null fill in tool schemas, invalid
+UTF-8 / BOM in JSON and JSONL, the same file given twice and files sharing a name."""
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
 
-from seqpack.data import DataFormatError, TokenizerError, load_tokenizer, prepare
-from seqpack.data.formats import RawRecord, expand_inputs, iter_records, normalize_record
+from seqpack.data import DataFormatError, prepare
+from seqpack.data.formats import expand_inputs, iter_records, normalize_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE_CHAT = REPO / "src" / "seqpack" / "resources" / "sample_chat.jsonl"
 
 GOOD = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
@@ -128,121 +126,6 @@ def test_invalid_utf8_in_json_array_names_line(tmp_path, qwen3_tokenizer):
     assert (ei.value.reason, ei.value.line) == ("bad_encoding", 2) and "byte 0xe9" in str(ei.value)
 
 
-# ------------------------------------------------------------------------ 3. empty assistant turns
-
-
-EMPTY_TURNS = [
-    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]},
-    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]},
-    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": " \n"}]}]},
-    {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""},
-                       {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a2"}]},
-    {"instruction": "q", "output": ""},
-]
-
-
-@pytest.mark.parametrize("rec", EMPTY_TURNS)
-def test_empty_assistant_turn_is_an_error(tmp_path, qwen3_tokenizer, rec):
-    p = tmp_path / "d.jsonl"
-    p.write_text(json.dumps(GOOD) + "\n" + json.dumps(rec) + "\n")
-    with pytest.raises(DataFormatError) as ei:
-        prepare(p, qwen3_tokenizer, seq_length=64)
-    e = ei.value
-    assert (e.reason, e.line) == ("empty_assistant_turn", 2)
-    assert f"{p}, line 2: assistant turn 1 (message 1 " in str(e) and "Fix:" in str(e)
-    samples, rep = prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
-    assert len(samples) == 1 and [(x.reason, x.index) for x in rep.entries] == [("empty_assistant_turn", 1)]
-
-
-def test_null_content_with_tool_calls_and_reasoning_only_turns_are_valid(qwen3_tokenizer):
-    rec = {"messages": [
-        {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": "{\"c\": \"Oslo\"}"}}]},
-        {"role": "tool", "content": "rain"},
-        {"role": "assistant", "content": "", "reasoning_content": "It rains, so say so."},
-    ]}
-    samples, rep = prepare([rec], qwen3_tokenizer, seq_length=512)
-    assert len(samples) == 1 and not rep.entries
-    trained = qwen3_tokenizer.decode(samples[0].input_ids[1:][samples[0].labels[:-1] != -100])
-    assert '"name": "w"' in trained and "It rains, so say so." in trained
-
-
-# ---------------------------------------------------------------------- 4. forced-format key errors
-
-
-def test_forced_alpaca_on_messages_names_missing_key_and_detected_format():
-    with pytest.raises(DataFormatError) as ei:
-        normalize_record(RawRecord(GOOD, "d.jsonl", 0, line=1), "alpaca")
-    e = ei.value
-    assert e.reason == "missing_key"
-    assert "missing key 'instruction'" in str(e) and "NoneType" not in str(e)
-    assert "(record looks like the 'openai' format; use --format auto" in str(e)
-    with pytest.raises(DataFormatError, match="missing key 'messages'.*looks like the 'alpaca' format"):
-        normalize_record(RawRecord({"instruction": "a", "output": "b"}, "d.json", 0), "openai")
-    with pytest.raises(DataFormatError, match="missing key 'output'"):
-        normalize_record(RawRecord({"instruction": "a"}, "d.json", 0), "alpaca")
-
-
-# -------------------------------------------------------------------------------- 5. tokenizers
-
-
-def test_tokenizer_error_is_a_value_error():
-    assert issubclass(TokenizerError, ValueError) and issubclass(TokenizerError, RuntimeError)
-
-
-def test_unknown_tokenizer_offline_fails_fast(monkeypatch, capfd):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    t0 = time.perf_counter()
-    with pytest.raises(TokenizerError) as ei:
-        load_tokenizer("bogus/model")
-    assert time.perf_counter() - t0 < 10
-    msg = str(ei.value)
-    assert "'bogus/model'" in msg and "HF_HUB_OFFLINE=1" in msg and "Fix: pass 'qwen3'" in msg
-    assert "Traceback" not in capfd.readouterr().err
-
-
-def test_unknown_tokenizer_unreachable_hub_fails_fast(monkeypatch, capfd):
-    from huggingface_hub import constants
-
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
-    t0 = time.perf_counter()
-    with pytest.raises(TokenizerError, match=r"hub cannot be used \(127\.0\.0\.1:9 unreachable"):
-        load_tokenizer("bogus/model")
-    assert time.perf_counter() - t0 < 10
-    err = capfd.readouterr().err
-    assert "Retrying" not in err and "Traceback" not in err
-
-
-def test_hub_tokenizer_cache_first_then_one_quiet_online_attempt(monkeypatch):
-    from seqpack.data import tokenizer as tk
-
-    calls = []
-    seen_levels = []
-
-    class FakeAuto:
-        @staticmethod
-        def from_pretrained(name, **kw):
-            calls.append(kw.get("local_files_only", False))
-            seen_levels.append(logging.getLogger("huggingface_hub").level)
-            raise OSError("not found")
-
-    monkeypatch.setattr(tk, "_offline", lambda: None)
-    monkeypatch.setattr(tk, "_hub_unreachable", lambda endpoint: None)
-    with pytest.raises(TokenizerError, match="could not load tokenizer 'org/name' from the hub"):
-        tk._load_hub_tokenizer(FakeAuto, "org/name", {})
-    assert calls == [True, False] and seen_levels == [logging.CRITICAL] * 2
-    calls.clear()
-    with pytest.raises(TokenizerError, match=r"cannot be used \(local_files_only=True\)"):
-        tk._load_hub_tokenizer(FakeAuto, "org/name", {"local_files_only": True})
-    assert calls == [True]
-    with pytest.raises(TokenizerError, match="tokenizer folder './nope' does not exist"):
-        load_tokenizer("./nope")
-
-
 # ---------------------------------------------------------------- 6. duplicate inputs, same names
 
 
@@ -252,7 +135,7 @@ def test_same_file_twice_or_by_overlapping_glob_is_read_once(tmp_path, qwen3_tok
     a.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
     b.write_text(json.dumps(GOOD) + "\n")
     (tmp_path / "link.jsonl").symlink_to(a)
-    with caplog.at_level(logging.WARNING, logger="seqpack.data.formats"):
+    with caplog.at_level(logging.WARNING, logger="seqpack.data.sources"):
         samples, rep = prepare([str(a), str(a)], qwen3_tokenizer, seq_length=64)
     assert rep.records_read == 2 and [s.sample_id for s in samples] == ["a.jsonl:0", "a.jsonl:1"]
     assert "same file" in caplog.text and "read once" in caplog.text

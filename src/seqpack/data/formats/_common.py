@@ -1,0 +1,148 @@
+"""Helpers shared by the format normalisers: provenance for error messages, typed field access, tool
+calls and tool schemas, and the checks every normalised conversation passes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from seqpack.data.records import DataFormatError, RawRecord
+
+
+def _get(d: dict, *keys: str) -> Any:
+    """First non-None value among ``keys`` (Arrow/datasets rows fill absent struct fields with None)."""
+    for k in keys:
+        v = d.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+def _present(rec: dict, key: str) -> bool:
+    return key in rec and rec[key] is not None
+
+
+class _Ctx:
+    """Provenance of the record being normalised (for error messages)."""
+
+    def __init__(self, raw: RawRecord) -> None:
+        self.raw = raw
+        self.inline_images: list[Any] = []  # image references from typed content parts
+
+    def err(self, message: str, reason: str, fix: str) -> DataFormatError:
+        return DataFormatError(
+            message, source=self.raw.source, index=self.raw.index, line=self.raw.line, reason=reason, fix=fix
+        )
+
+
+def _text(value: Any, ctx: _Ctx, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ctx.err(
+        f"{what} is a {type(value).__name__}, expected a string.",
+        "bad_content_type",
+        f"make {what} a string.",
+    )
+
+
+def _tool_calls_from_json(value: Any, ctx: _Ctx, where: str) -> list[dict]:
+    """Parse a ``function_call`` / v1 ``tool_call`` value (JSON ``{name, arguments}`` or a list)."""
+    obj = value
+    if isinstance(value, str):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ctx.err(
+                f"{where} is not valid JSON ({e.msg}).",
+                "bad_tool_call",
+                'a tool call must be JSON {"name": ..., "arguments": {...}}.',
+            ) from None
+    calls = obj if isinstance(obj, list) else [obj]
+    out = []
+    for c in calls:
+        if isinstance(c, dict) and isinstance(c.get("function"), dict):
+            c = c["function"]
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise ctx.err(
+                f"{where} has no string 'name'.",
+                "bad_tool_call",
+                'a tool call must be JSON {"name": ..., "arguments": {...}}.',
+            )
+        out.append({"type": "function", "function": {"name": c["name"], "arguments": _arguments(c.get("arguments"))}})
+    return out
+
+
+def _arguments(args: Any) -> Any:
+    """Tool-call arguments as a dict when they are a JSON object string (HF convention), else as given."""
+    if args is None:
+        return {}
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except json.JSONDecodeError:
+            return args
+        return parsed if isinstance(parsed, dict) else args
+    return args
+
+
+def _append_assistant_calls(msgs: list[dict], calls: list[dict]) -> None:
+    """Attach tool calls to the preceding assistant message (one turn) or start a new turn."""
+    if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
+        msgs[-1]["tool_calls"] = calls
+    else:
+        msgs.append({"role": "assistant", "content": "", "tool_calls": calls})
+
+
+def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ctx.err(
+                f"'tools' is not valid JSON ({e.msg}).", "bad_tools", "store tools as a JSON list of function schemas."
+            ) from None
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not isinstance(tools, list):
+        raise ctx.err(f"'tools' is a {type(tools).__name__}, expected a list.", "bad_tools", "make 'tools' a list.")
+    out = []
+    for t in tools:
+        if not isinstance(t, dict):
+            raise ctx.err("a tool is not an object.", "bad_tools", "each tool is a JSON schema object.")
+        if t.get("function") is not None or t.get("type") not in (None, "function"):
+            out.append(t)
+        else:
+            out.append({"type": "function", "function": t})
+    return out or None
+
+
+def _check_conversation(msgs: list[dict], ctx: _Ctx) -> None:
+    if not msgs or all(m["role"] == "system" for m in msgs):
+        raise ctx.err(
+            "empty conversation (no user or assistant turn).",
+            "empty_conversation",
+            "remove the record or add its turns.",
+        )
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise ctx.err(
+            "no assistant turn, so there is nothing to train on.",
+            "no_assistant_turn",
+            "add an assistant turn (gpt / assistant / output) or remove the record.",
+        )
+    turn = 0
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        turn += 1
+        if m["content"].strip() or m.get("tool_calls") or (m.get("reasoning_content") or "").strip():
+            continue
+        raise ctx.err(
+            f"assistant turn {turn} (message {k} of the normalised conversation, 0-based) is empty: content "
+            f"{m['content']!r}, no tool calls, no reasoning; it would train only on the template's end-of-turn "
+            "tokens.",
+            "empty_assistant_turn",
+            "give the assistant turn its text (or tool_calls), or remove the record; on_error='skip' skips "
+            "and reports it.",
+        )

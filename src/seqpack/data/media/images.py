@@ -1,0 +1,169 @@
+"""Images for Qwen2-VL-style models: open by content, build the image processor, run it, count image
+tokens, and concatenate per-segment media for a forward pass.
+
+Images are opened by content, not extension (real data has ``.jpg`` files that are PNG or WebP), and
+converted to RGB (transparent pixels composited on white).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["collate_media", "load_image_processor", "num_image_tokens", "open_image", "process_images"]
+
+
+def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)):
+    """Open an image by content and return it as an RGB ``PIL.Image.Image``.
+
+    Args:
+        image: a path (``str``/``Path``; the extension is ignored: PIL reads the header, so a
+            ``.jpg`` that is really PNG or WebP opens fine), raw ``bytes``, a ``{"bytes", "path"}``
+            dict (HF ``datasets`` Image column) or a PIL image.
+        background: RGB colour that transparent pixels are composited onto (RGBA, LA, P with
+            transparency); plain ``convert("RGB")`` would expose whatever colour hides under alpha 0.
+
+    Returns:
+        ``PIL.Image.Image`` in mode ``"RGB"``, fully loaded (the file is closed).
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ValueError: the content is not an image PIL can read (names the path and the format found).
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    name = "<image object>"
+    if isinstance(image, dict):
+        if image.get("bytes") is not None:
+            image, name = image["bytes"], str(image.get("path") or "<bytes>")
+        elif image.get("path") is not None:
+            image = image["path"]
+    if isinstance(image, Image.Image):
+        img = image
+    else:
+        if isinstance(image, (bytes, bytearray)):
+            fh: Any = io.BytesIO(image)
+            name = name if name != "<image object>" else "<bytes>"
+        else:
+            name = os.fspath(image)
+            if not os.path.exists(name):
+                raise FileNotFoundError(f"image file not found: {name}")
+            fh = name
+        try:
+            img = Image.open(fh)
+            img.load()
+        except (UnidentifiedImageError, OSError) as e:
+            raise ValueError(f"cannot read image {name}: {e}; the file is not an image format PIL supports") from e
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGB", rgba.size, background)
+        canvas.paste(rgba, mask=rgba.getchannel("A"))
+        return canvas
+    if img.mode != "RGB":
+        return img.convert("RGB")
+    return img
+
+
+def load_image_processor(config: Any = None):
+    """Build a Qwen2-VL image processor offline.
+
+    Args:
+        config: ``None`` for transformers' defaults (patch 14, merge 2, temporal patch 2, pixels in
+            [3136, 1003520]); a dict of processor settings; or a path to a
+            ``preprocessor_config.json`` (or a folder holding one), e.g. from a Qwen2.5-VL checkpoint.
+            ``min_pixels``/``max_pixels`` are honoured. Nothing is downloaded.
+
+    Returns:
+        a transformers ``Qwen2VLImageProcessor`` (the PIL backend when torchvision is absent).
+
+    Raises:
+        FileNotFoundError: the path does not exist or the folder has no preprocessor_config.json.
+    """
+    cls = _processor_class()
+    if config is None:
+        return cls()
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "preprocessor_config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"image processor config not found: {path} (expected preprocessor_config.json)")
+        config = json.loads(path.read_text())
+    if hasattr(config, "merge_size") and hasattr(config, "__call__"):
+        return config  # already a processor
+    drop = {"image_processor_type", "processor_class", "auto_map", "_processor_class"}
+    return cls(**{k: v for k, v in dict(config).items() if k not in drop})
+
+
+@lru_cache(maxsize=1)
+def _processor_class():
+    import importlib.util
+
+    import transformers
+
+    if importlib.util.find_spec("torchvision") is None and hasattr(transformers, "Qwen2VLImageProcessorPil"):
+        return transformers.Qwen2VLImageProcessorPil
+    return transformers.Qwen2VLImageProcessor
+
+
+def process_images(images: Sequence[Any], image_processor) -> tuple[np.ndarray, np.ndarray]:
+    """Run the image processor on a sample's images (opened with :func:`open_image`).
+
+    Returns:
+        ``(pixel_values, image_grid_thw)``: float32 ``[sum_i prod(grid_i), D]`` (``D = 3 *
+        temporal_patch_size * patch_size**2``, rows in image order) and int64 ``[len(images), 3]``.
+    """
+    if len(images) == 0:
+        return np.zeros((0, 0), np.float32), np.zeros((0, 3), np.int64)
+    opened = [open_image(x) for x in images]
+    out = image_processor(images=opened, return_tensors="np")
+    pv = np.asarray(out["pixel_values"], dtype=np.float32)
+    grid = np.asarray(out["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
+    if grid.shape[0] != len(images) or pv.shape[0] != int(np.prod(grid, axis=1).sum()):
+        raise RuntimeError(
+            f"image processor returned {grid.shape[0]} grids / {pv.shape[0]} patch rows for {len(images)} images"
+        )
+    return pv, grid
+
+
+def num_image_tokens(image_grid_thw: np.ndarray, merge_size: int) -> np.ndarray:
+    """Image tokens per image: ``prod(grid_thw) // merge_size**2`` (Qwen2-VL's merger), int64 ``[k]``."""
+    g = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
+    return np.prod(g, axis=1) // (int(merge_size) ** 2)
+
+
+def collate_media(media: Sequence[dict | None] | None) -> dict[str, np.ndarray] | None:
+    """Concatenate per-segment media (``PackedSequence.media``) into one model input, pack order.
+
+    Returns:
+        ``{"pixel_values": float32 [P, D], "image_grid_thw": int64 [K, 3]}`` where image ``j``'s
+        patch rows follow image ``j-1``'s, matching the order of the image-token runs in
+        ``input_ids``; ``None`` when no segment has images.
+    """
+    if not media:
+        return None
+    with_images = [m for m in media if m and m.get("image_grid_thw") is not None and len(m["image_grid_thw"])]
+    if not with_images:
+        return None
+    missing = [i for i, m in enumerate(with_images) if m.get("pixel_values") is None]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} segment(s) with images carry image_grid_thw but no pixel_values (e.g. images "
+            f"{with_images[missing[0]].get('images')}). Offline packs store image paths, not pixels: open the "
+            "dataset with seqpack.io.load_packed(path, load_media=True) so pixel_values are recomputed."
+        )
+    pv = [m["pixel_values"] for m in with_images]
+    grids = [m["image_grid_thw"] for m in with_images]
+    return {
+        "pixel_values": np.concatenate([np.asarray(x, np.float32) for x in pv]),
+        "image_grid_thw": np.concatenate([np.asarray(g, np.int64).reshape(-1, 3) for g in grids]),
+    }

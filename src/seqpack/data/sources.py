@@ -1,0 +1,296 @@
+"""Read input files and datasets into ``RawRecord`` s: JSON, JSONL, Parquet, HF ``datasets``, record lists.
+
+Text files are UTF-8 (a leading UTF-8 byte-order mark is accepted). JSONL is decoded line by line, so a
+line that is not valid UTF-8 is one bad record (``reason="bad_encoding"``), skippable like malformed
+JSON; in a ``.json`` array it makes the whole file unreadable.
+
+Arrow-sourced records (Parquet files, HF ``datasets``) are cleaned of ``None``-valued keys, recursively
+(``strip_arrow_nulls``): Arrow stores one struct type per column, the union of the keys of all rows,
+and fills a key that a row lacks with ``None``; without the cleaning, every tool schema or tool-call
+argument object would gain the other rows' keys as ``null`` and render differently from the JSONL
+source. Consequence: an explicit ``null`` inside a Parquet / dataset row is indistinguishable from an
+absent key and is dropped too; JSON / JSONL files and in-memory record lists keep every ``null``.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from seqpack.data.records import DataFormatError, RawRecord
+
+__all__ = [
+    "InMemoryRecords",
+    "dataset_name",
+    "dedupe_paths",
+    "expand_inputs",
+    "is_dataset",
+    "iter_records",
+    "strip_arrow_nulls",
+]
+
+logger = logging.getLogger(__name__)
+_BOM = b"\xef\xbb\xbf"
+
+
+class InMemoryRecords(list):
+    """A list of record dicts given directly to ``prepare`` (source name ``"records"``)."""
+
+    name = "records"
+
+
+def expand_inputs(inputs: Any) -> list[Any]:
+    """Expand ``inputs`` (a path, a glob, a ``datasets.Dataset``, a list of those, or a list of
+    record dicts) to a list of ``Path`` objects, dataset objects and ``InMemoryRecords``, in the
+    given order (globs sorted).
+
+    A file reached twice (the same path given twice, a glob overlapping a path, a symlink to a file
+    already listed) is read once, at its first position: later occurrences are dropped by real path
+    (``os.path.realpath``) and logged at WARNING level on the ``seqpack.data.sources`` logger.
+
+    Raises:
+        FileNotFoundError: a path does not exist or a glob matches nothing.
+        DataFormatError: a directory or a ``DatasetDict`` was given.
+    """
+    if isinstance(inputs, (str, os.PathLike)) or is_dataset(inputs) or is_dataset_dict(inputs):
+        inputs = [inputs]
+    if isinstance(inputs, InMemoryRecords):
+        return [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs and all(
+        isinstance(x, dict) and not is_dataset_dict(x) for x in inputs
+    ):
+        return [InMemoryRecords(inputs)]
+    out: list[Any] = []
+    for item in inputs:
+        if is_dataset_dict(item):
+            raise DataFormatError(
+                f"got a DatasetDict with splits {list(item.keys())}, not a Dataset.",
+                source="DatasetDict",
+                reason="bad_input",
+                fix="pass one split, e.g. ds['train'].",
+            )
+        if is_dataset(item):
+            out.append(item)
+            continue
+        s = os.fspath(item)
+        if any(ch in s for ch in "*?["):
+            matches = sorted(_glob.glob(s, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"input glob {s!r} matches no file. Fix: check the pattern and the cwd.")
+            out.extend(Path(m) for m in matches if not Path(m).is_dir())
+            continue
+        p = Path(s)
+        if p.is_dir():
+            raise DataFormatError(
+                "is a directory.",
+                source=s,
+                reason="bad_input",
+                fix="pass data files (.json, .jsonl, .parquet) or a glob such as 'dir/*.jsonl'.",
+            )
+        if not p.exists():
+            raise FileNotFoundError(f"input file {s!r} does not exist. Fix: check the path (cwd = {os.getcwd()}).")
+        out.append(p)
+    return dedupe_paths(out)
+
+
+def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> list[Any]:
+    """Drop files whose real path was already listed (first occurrence wins); datasets are kept.
+
+    Each dropped repeat is reported through ``log`` when given, else as a WARNING on this module's logger.
+    """
+    seen: dict[str, Path] = {}
+    out: list[Any] = []
+    for it in items:
+        if isinstance(it, Path):
+            real = os.path.realpath(it)
+            if real in seen:
+                if log is not None:
+                    log(f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])}; read once")
+                else:
+                    logger.warning(
+                        "input %s is the same file as %s (listed twice, e.g. by a path and an overlapping "
+                        "glob): read once", it, seen[real]
+                    )
+                continue
+            seen[real] = it
+        out.append(it)
+    return out
+
+
+def _is_datasets_instance(obj: Any, *class_names: str) -> bool:
+    """``isinstance(obj, datasets.<name>)`` for any of ``class_names``, False without ``datasets``."""
+    if not type(obj).__module__.startswith("datasets"):  # avoid importing datasets (~0.5 s) for files
+        return False
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(obj, tuple(getattr(datasets, n) for n in class_names))
+
+
+def is_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is an HF ``datasets.Dataset`` / ``IterableDataset`` (False without ``datasets``)."""
+    return _is_datasets_instance(obj, "Dataset", "IterableDataset")
+
+
+def is_dataset_dict(obj: Any) -> bool:
+    """Whether ``obj`` is an HF ``DatasetDict`` / ``IterableDatasetDict`` (False without ``datasets``)."""
+    return _is_datasets_instance(obj, "DatasetDict", "IterableDatasetDict")
+
+
+def dataset_name(ds: Any) -> str:
+    """A readable name for an HF dataset (its builder / dataset name, else ``"dataset"``)."""
+    info = getattr(ds, "info", None)
+    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None)
+    return str(name) if name else "dataset"
+
+
+def iter_records(item: Any) -> Iterator[RawRecord]:
+    """Yield every record of one input (a ``Path`` or an HF dataset) as a ``RawRecord``.
+
+    JSONL: one record per non-blank line (``index = line - 1``); a line that is not valid UTF-8 or
+    not valid JSON yields a record carrying ``error`` (so it can be skipped and reported). JSON: a
+    top-level array (a file that is really JSONL is read as JSONL). Parquet: one record per row.
+    HF datasets: one per row. A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
+    ``strip_arrow_nulls`` (Arrow's ``None`` fill of absent struct keys is removed; see the module doc).
+
+    Raises:
+        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON),
+            or the extension is unknown.
+    """
+    if isinstance(item, InMemoryRecords):
+        for i, row in enumerate(item):
+            yield RawRecord(row, item.name, i)
+        return
+    if is_dataset(item):
+        name = dataset_name(item)
+        for i, row in enumerate(item):
+            yield RawRecord(strip_arrow_nulls(row), name, i)
+        return
+    path = Path(item)
+    src = str(path)
+    suffix = path.suffix.lower()
+    base = path.resolve().parent
+    if suffix in (".jsonl", ".ndjson"):
+        yield from _iter_jsonl(path, base)
+    elif suffix == ".json":
+        text = _decode_whole(path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg == "Extra data":  # a .json file holding JSON lines
+                yield from _iter_jsonl(path, base)
+                return
+            raise DataFormatError(
+                f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}).",
+                source=src,
+                line=e.lineno,
+                reason="malformed_json",
+                fix="repair the JSON (a JSON file must hold one array of records; use .jsonl for one record per line).",
+            ) from None
+        if isinstance(data, dict):
+            data = [data]
+        if not isinstance(data, list):
+            raise DataFormatError(
+                f"top-level JSON value is a {type(data).__name__}, expected an array of records.",
+                source=src,
+                reason="unknown_format",
+                fix="store the records as a JSON array [{...}, {...}] or as JSONL.",
+            )
+        for i, rec in enumerate(data):
+            yield RawRecord(rec, src, i, base_dir=base)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        i = 0
+        for batch in pf.iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                yield RawRecord(strip_arrow_nulls(row), src, i, base_dir=base)
+                i += 1
+    else:
+        raise DataFormatError(
+            f"unknown file type {path.suffix!r}.",
+            source=src,
+            reason="unknown_format",
+            fix="use .json (array), .jsonl or .parquet files, or load the data with `datasets` and pass the Dataset.",
+        )
+
+
+def strip_arrow_nulls(value: Any) -> Any:
+    """Return ``value`` with every dict key whose value is ``None`` removed, recursively (through
+    dicts and lists; other objects such as bytes or PIL images are returned as they are).
+
+    Applied to Parquet and HF ``datasets`` rows only: Arrow gives every row of a struct column all the
+    keys seen in any row, filling the absent ones with ``None`` (e.g. a tool schema gains another
+    tool's ``"amount": null`` property). List elements that are ``None`` are kept.
+    """
+    if isinstance(value, dict):
+        return {k: strip_arrow_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [strip_arrow_nulls(v) for v in value]
+    return value
+
+
+def _decode_whole(path: Path) -> str:
+    """Read a whole text file as UTF-8 (a leading BOM is dropped); bad bytes raise with line/column."""
+    data = path.read_bytes()
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataFormatError(
+            f"is not valid UTF-8 (byte 0x{data[e.start]:02x} at line {line}, byte column {col}).",
+            source=str(path),
+            line=line,
+            reason="bad_encoding",
+            fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.json > out.json`), "
+            "or store the records as JSONL, where an undecodable line can be skipped with on_error='skip'.",
+        ) from None
+
+
+def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
+    """One ``RawRecord`` per non-blank line; lines are split on ``\\n`` as bytes and decoded one by one,
+    so bad UTF-8 or bad JSON on one line makes only that record carry an ``error``."""
+    src = str(path)
+    with open(path, "rb") as f:
+        for lineno, raw_line in enumerate(f, start=1):
+            if lineno == 1 and raw_line.startswith(_BOM):
+                raw_line = raw_line[len(_BOM):]
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                err = DataFormatError(
+                    f"not valid UTF-8 (byte 0x{raw_line[e.start]:02x} at byte column {e.start + 1}).",
+                    source=src,
+                    index=lineno - 1,
+                    line=lineno,
+                    reason="bad_encoding",
+                    fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.jsonl > out.jsonl`), "
+                    "or repair / remove this line; on_error='skip' skips and reports it.",
+                )
+                yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
+                continue
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                err = DataFormatError(
+                    f"malformed JSON ({e.msg} at column {e.colno}).",
+                    source=src,
+                    index=lineno - 1,
+                    line=lineno,
+                    reason="malformed_json",
+                    fix="repair or remove this line (each JSONL line must be one complete JSON object).",
+                )
+                yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
+                continue
+            yield RawRecord(rec, src, lineno - 1, line=lineno, base_dir=base)

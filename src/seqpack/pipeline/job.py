@@ -1,0 +1,316 @@
+"""``PackJob``: every setting of an offline pack job, in one object, validated before any data is read.
+
+Both engines (:mod:`seqpack.pipeline.local`, :mod:`seqpack.pipeline.ray`) build one with
+:meth:`PackJob.create` and hand it to the stages (:mod:`seqpack.pipeline.stages`); the metadata
+settings (and so the fingerprint) come from it (:meth:`PackJob.metadata_settings`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from seqpack.algorithms import MAX_CAPACITY_UNITS, PackingAlgorithm, resolve_algorithm
+from seqpack.data.chat_template import TRAIN_ON
+from seqpack.data.formats import FORMATS
+from seqpack.data.length_policy import OVERLENGTH_POLICIES
+from seqpack.data.media.images import load_image_processor
+from seqpack.data.prepare import ON_ERROR
+from seqpack.data.sources import dedupe_paths, expand_inputs
+from seqpack.io.metadata import FORMAT_VERSION
+from seqpack.io.output_dir import check_output_dir
+from seqpack.padding import check_seq_length, compute_pad_multiple
+
+__all__ = [
+    "NothingToPackError",
+    "PACK_FLAGS",
+    "PackConfigError",
+    "PackJob",
+    "dedupe_inputs",
+    "processor_settings",
+    "resolve_image_processor",
+    "sample_data_path",
+]
+
+
+class PackConfigError(ValueError):
+    """Invalid packing settings (the message names the config keys and the fix)."""
+
+
+class NothingToPackError(ValueError):
+    """Every input record was dropped or skipped; the message gives the counts per reason."""
+
+
+def sample_data_path() -> Path:
+    """Path of the embedded demo dataset ``seqpack/resources/sample_chat.jsonl`` (40 OpenAI-format
+    chats written for seqpack: system prompts, multi-turn, tool calls with ``tools``)."""
+    return Path(str(resources.files("seqpack") / "resources" / "sample_chat.jsonl"))
+
+
+#: ``pack_dataset`` keyword -> ``seqpack pack`` flag, for messages that name both.
+PACK_FLAGS = {
+    "seq_length": "--seq-length",
+    "pad_to_multiple_of": "--pad-to-multiple-of",
+    "context_parallel_size": "--context-parallel-size",
+}
+
+
+@dataclass(frozen=True)
+class PackJob:
+    """Every setting of one offline pack job (build it with :meth:`create`, which validates).
+
+    Attributes:
+        inputs: the expanded inputs (``Path`` objects, datasets, ``InMemoryRecords``), each file once.
+        output: the dataset directory to create.
+        tokenizer: tokenizer name/path or a loaded tokenizer (loaded by ``stages.open_tokenizer``).
+        seq_length: pack capacity in tokens.
+        algorithm: the planner's :class:`~seqpack.algorithms.PackingAlgorithm`.
+        pad_to_multiple_of, context_parallel_size: as given (recorded in the metadata).
+        pad_multiple: the one effective per-segment multiple (``compute_pad_multiple``) used by the
+            planner, the row builder, the validator and the metadata (case B24: one pad multiple).
+        overlength, on_error, train_on: data-preparation policies.
+        format: a forced record format, or ``None`` to detect per record (``"auto"``).
+        seed: planner seed.
+        overwrite, rows_per_shard, validate: writer settings (replace, packs per shard, check rows).
+        image_processor: the image processor given for image records, or ``None`` (transformers'
+            Qwen2-VL defaults, built when the first image sample is met).
+    """
+
+    inputs: tuple
+    output: Path
+    tokenizer: Any
+    seq_length: int
+    algorithm: PackingAlgorithm
+    pad_to_multiple_of: int
+    context_parallel_size: int
+    pad_multiple: int
+    overlength: str
+    on_error: str
+    train_on: str
+    format: str | None
+    seed: int
+    overwrite: bool
+    rows_per_shard: int
+    validate: bool
+    image_processor: Any = None
+
+    @classmethod
+    def create(
+        cls,
+        inputs: Any = None,
+        output: str | os.PathLike = "packed",
+        *,
+        tokenizer: Any = "qwen3",
+        seq_length: int = 4096,
+        algorithm: Any = None,
+        pad_to_multiple_of: int = 1,
+        context_parallel_size: int = 1,
+        overlength: str = "truncate",
+        on_error: str = "raise",
+        train_on: str = "assistant",
+        seed: int = 0,
+        format: str | None = "auto",
+        overwrite: bool = False,
+        rows_per_shard: int = 2048,
+        validate: bool = True,
+        image_processor: Any = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> "PackJob":
+        """Validate every setting (in this order: capacity and pad multiple, algorithm, policies, output
+        directory, image processor, inputs) and return the job. Arguments as
+        :func:`seqpack.pipeline.pack_dataset`; ``log`` receives one line per repeated input file.
+
+        Raises:
+            PackConfigError: invalid settings (names the keys and ``seqpack pack`` flags).
+            FileExistsError: ``output`` exists and ``overwrite`` is False.
+            FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
+        """
+        m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
+        algo = resolve_algorithm(algorithm, error=PackConfigError)
+        _check_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
+        output = Path(output)
+        check_output_dir(output, overwrite)
+        proc = None
+        if image_processor is not None or min_pixels is not None or max_pixels is not None:
+            proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
+        items = dedupe_inputs(_input_list(inputs), log)
+        return cls(
+            inputs=tuple(items), output=output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algo,
+            pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, pad_multiple=m,
+            overlength=overlength, on_error=on_error, train_on=train_on,
+            format=None if format in (None, "auto") else format, seed=seed, overwrite=overwrite,
+            rows_per_shard=rows_per_shard, validate=validate, image_processor=proc,
+        )
+
+    def metadata_settings(
+        self, *, tokenizer_hash: str | None, chat_template_hash: str | None, pad_token_id: int
+    ) -> dict[str, Any]:
+        """The ``settings`` dict of ``metadata.json`` (every key enters the fingerprint), with the
+        tokenizer facts found when it was loaded."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "seq_length": int(self.seq_length),
+            "pad_to_multiple_of": int(self.pad_to_multiple_of),
+            "context_parallel_size": int(self.context_parallel_size),
+            "effective_pad_multiple": int(self.pad_multiple),
+            "algorithm": self.algorithm.value,
+            "seed": int(self.seed),
+            "overlength": self.overlength,
+            "train_on": self.train_on,
+            "on_error": self.on_error,
+            "format": self.format,
+            "tokenizer_hash": tokenizer_hash,
+            "chat_template_hash": chat_template_hash,
+            "pad_token_id": pad_token_id,
+        }
+
+
+def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_size: int) -> int:
+    """Check ``seq_length`` and the pad multiple; return the effective multiple.
+
+    Checks (each error names the config key and the ``seqpack pack`` flag): ``seq_length`` is an
+    integer >= 1 that fits the int32 boundary arrays; the multiple ``compute_pad_multiple(
+    pad_to_multiple_of, context_parallel_size)`` is valid; ``seq_length`` is divisible by it (case
+    B23: a capacity the CP split cannot divide); ``seq_length / multiple`` is within
+    :data:`seqpack.algorithms.MAX_CAPACITY_UNITS` (the planner keeps O(capacity) tables).
+
+    Raises:
+        PackConfigError: any of the above.
+    """
+    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
+        raise PackConfigError(f"seq_length (--seq-length) must be an integer >= 1, got {seq_length!r}")
+    if seq_length > np.iinfo(np.int32).max:
+        raise PackConfigError(
+            f"seq_length={seq_length} (--seq-length) does not fit the int32 boundary arrays "
+            f"(cu_seqlens); use at most {np.iinfo(np.int32).max}"
+        )
+    try:
+        m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
+    except ValueError as e:
+        raise PackConfigError(f"{e} (--pad-to-multiple-of / --context-parallel-size)") from None
+    check_seq_length(
+        seq_length, m, {"pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size},
+        flags=PACK_FLAGS, error=PackConfigError,
+    )
+    if seq_length // m > MAX_CAPACITY_UNITS:
+        need = -(-seq_length // MAX_CAPACITY_UNITS)
+        raise PackConfigError(
+            f"seq_length={seq_length} (--seq-length) / pad multiple {m} = {seq_length // m} units exceeds the "
+            f"planner's limit of {MAX_CAPACITY_UNITS} (seqpack.algorithms.MAX_CAPACITY_UNITS; the packing kernels "
+            f"keep O(capacity) tables); lower --seq-length to at most {MAX_CAPACITY_UNITS * m}, or raise "
+            f"--pad-to-multiple-of to a value >= {need} that divides --seq-length"
+        )
+    return m
+
+
+def _check_policies(**given: Any) -> None:
+    """Check the data-preparation policies up front (before loading a tokenizer or reading data)."""
+    allowed = {
+        "overlength": OVERLENGTH_POLICIES,
+        "on_error": ON_ERROR,
+        "train_on": TRAIN_ON,
+        "format": ("auto", None, *FORMATS),
+    }
+    for key, val in given.items():
+        if val not in allowed[key]:
+            choices = ", ".join(str(c) for c in allowed[key] if c is not None)
+            raise PackConfigError(f"{key}={val!r} is not valid (--{key.replace('_', '-')}); choose one of: {choices}")
+
+
+def _input_list(inputs: Any) -> list[Any]:
+    """``inputs`` as a list: ``None`` = the embedded demo data, one path/dataset = a one-item list."""
+    if inputs is None:
+        return [sample_data_path()]
+    if isinstance(inputs, (str, os.PathLike)) or not isinstance(inputs, (list, tuple)):
+        return [inputs]
+    return list(inputs)
+
+
+def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = None) -> list[Any]:
+    """Expand globs and drop repeated files, keeping the first occurrence (input order kept).
+
+    The same file given twice, or a glob that overlaps an explicit path, would otherwise be read twice
+    and every record packed twice (duplicate ``sample_ids``). Files are compared by
+    ``os.path.realpath`` (symlinks and ``./a`` vs ``a`` resolve to the same file); in-memory
+    datasets/records are never merged. Each dropped repeat is reported through ``log`` (else as a
+    WARNING on the ``seqpack.data.sources`` logger).
+
+    Returns:
+        the expanded inputs (``Path`` objects, datasets, record lists), without repeats.
+
+    Raises:
+        FileNotFoundError / DataFormatError: from ``seqpack.data.sources.expand_inputs`` (missing path,
+            empty glob, directory).
+    """
+    inputs = list(inputs)
+    if inputs and all(isinstance(x, dict) for x in inputs):  # one list of in-memory records
+        return expand_inputs(inputs)
+    expanded = [x for item in inputs for x in expand_inputs([item])]  # per item: repeats are seen here
+    return dedupe_paths(expanded, log)
+
+
+def resolve_image_processor(
+    image_processor: Any = None, *, min_pixels: int | None = None, max_pixels: int | None = None
+) -> Any:
+    """Build the Qwen2-VL image processor for image-text records (``seqpack.data.media.load_image_processor``).
+
+    Args:
+        image_processor: ``None`` (transformers' defaults), a ``preprocessor_config.json`` path (or a
+            folder holding one), a settings dict, or a processor.
+        min_pixels, max_pixels: override the processor's pixel bounds (``size.shortest_edge`` /
+            ``size.longest_edge`` in transformers 5: the resized image's area in pixels stays in
+            [min_pixels, max_pixels]).
+
+    Raises:
+        PackConfigError: the config file is missing/invalid, or the bounds are not 1 <= min <= max
+            (names ``--image-processor`` / ``--min-pixels`` / ``--max-pixels``).
+    """
+    for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise PackConfigError(f"{key} (--{key.replace('_', '-')}) must be an integer >= 1, got {v!r}")
+    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
+        raise PackConfigError(f"min_pixels={min_pixels} > max_pixels={max_pixels} (--min-pixels/--max-pixels)")
+    try:
+        proc = load_image_processor(image_processor)
+        if min_pixels is not None or max_pixels is not None:
+            cfg = processor_settings(proc)
+            size = dict(cfg.get("size") or {})
+            if min_pixels is not None:
+                size["shortest_edge"] = int(min_pixels)
+                cfg["min_pixels"] = int(min_pixels)
+            if max_pixels is not None:
+                size["longest_edge"] = int(max_pixels)
+                cfg["max_pixels"] = int(max_pixels)
+            lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+            if lo is not None and hi is not None and lo > hi:
+                raise PackConfigError(
+                    f"min_pixels={lo} > max_pixels={hi} after applying --min-pixels/--max-pixels to the "
+                    "image processor config; set both"
+                )
+            cfg["size"] = size
+            proc = load_image_processor(cfg)
+    except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as e:
+        if isinstance(e, PackConfigError):
+            raise
+        raise PackConfigError(f"image processor (--image-processor {image_processor}): {e}") from None
+    return proc
+
+
+def processor_settings(proc: Any) -> dict[str, Any]:
+    """JSON-safe settings of an image processor (``to_dict()``); ``load_image_processor`` of the result
+    rebuilds an equivalent processor (same resize bounds, patch/merge sizes, normalisation)."""
+    d = proc.to_dict() if hasattr(proc, "to_dict") else dict(proc)
+    d = json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    size = d.get("size") or {}
+    for key, alt in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+        if d.get(key) is None and isinstance(size, dict) and size.get(alt) is not None:
+            d[key] = size[alt]
+    return d

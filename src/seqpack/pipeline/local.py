@@ -1,0 +1,222 @@
+"""The local engine: :func:`pack_dataset` builds a :class:`~seqpack.pipeline.job.PackJob` and runs the
+stages (:mod:`seqpack.pipeline.stages`) top to bottom in one process.
+
+Memory: input files are prepared one at a time and their samples spilled to disk
+(:class:`seqpack.io.spill.SampleSpill`); planning uses the int64 length array and rows are rebuilt pack
+by pack from the spill. In-memory inputs keep the samples in memory (same output, byte for byte).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from seqpack.io.fingerprint import describe_input
+from seqpack.io.metadata import PackedMetadata
+from seqpack.io.reader import load_packed
+from seqpack.io.spill import SampleSpill
+from seqpack.pipeline import stages
+from seqpack.pipeline.job import PackJob
+from seqpack.pipeline.metadata import build_metadata, media_metadata
+
+__all__ = ["PackResult", "pack_dataset"]
+
+
+@dataclass
+class PackResult:
+    """What :func:`pack_dataset` produced.
+
+    Attributes:
+        output: the dataset directory.
+        metadata: the written :class:`~seqpack.io.PackedMetadata` (counts, efficiency, fingerprint...).
+        report: the :class:`~seqpack.data.sample.PrepareReport` (every dropped/truncated record).
+        plan: the :class:`~seqpack.algorithms.PackingPlan`.
+        timings_s: wall seconds per stage (``prepare``, ``plan``, ``write``, ``total``).
+    """
+
+    output: Path
+    metadata: PackedMetadata
+    report: Any
+    plan: Any
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_packs(self) -> int:
+        """Number of packs (rows) written, from the metadata."""
+        return self.metadata.num_packs
+
+    def load(self, expect: dict | None = None):
+        """Open the written dataset (:func:`seqpack.io.load_packed`)."""
+        return load_packed(self.output, expect=expect)
+
+
+def pack_dataset(
+    inputs: Any = None,
+    output: str | os.PathLike = "packed",
+    *,
+    tokenizer: Any = "qwen3",
+    seq_length: int = 4096,
+    algorithm: Any = None,
+    pad_to_multiple_of: int = 1,
+    context_parallel_size: int = 1,
+    overlength: str = "truncate",
+    on_error: str = "raise",
+    train_on: str = "assistant",
+    seed: int = 0,
+    format: str | None = "auto",
+    overwrite: bool = False,
+    rows_per_shard: int = 2048,
+    validate: bool = True,
+    progress: Any = None,
+    log: Callable[[str], None] | None = None,
+    image_processor: Any = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> PackResult:
+    """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
+
+    Steps: read + normalise + tokenize (``seqpack.data.prepare``), expand image placeholders and apply
+    the over-length policy (:func:`apply_length_policy`), plan the packs (``seqpack.algorithms.pack_lengths``), build one THD row per pack
+    (``seqpack.packed.build_packed_sequence``, rows validated against every invariant of
+    packed-batch-spec.md), write atomically (``seqpack.io.PackedWriter``).
+
+    Image-text records (LLaVA ``image``/``images``, messages with image parts) are packed at their
+    expanded length (image tokens included, a placeholder run never cut) and each pack stores, per
+    segment in pack order, ``images`` (absolute paths), ``image_grid_thw`` and ``image_tokens``: no
+    pixels. ``load_packed(..., load_media=True)`` recomputes ``pixel_values`` with the image processor
+    settings stored in ``metadata.json`` (``media``). Text-only records in the same inputs pack as usual.
+
+    Memory: input files are read and tokenized one at a time; each file's samples go to a disk spill
+    (:class:`seqpack.io.spill.SampleSpill`, a hidden ``.<output name>.spill-*`` folder beside the output,
+    deleted at the end and on error) and are dropped, so memory holds the length array and small
+    per-sample metadata, not the token arrays; packs are then built from the spill pack by pack.
+    In-memory inputs (``datasets.Dataset``, record lists) keep their samples in memory. Both paths give
+    byte-identical output.
+
+    Repeated inputs: the same file given twice, or a glob overlapping an explicit path, is read ONCE
+    (files compared by real path; a log line names each repeat), so no record is packed twice.
+
+    Args:
+        inputs: path(s)/glob(s) of JSON/JSONL/Parquet files or ``datasets.Dataset`` objects; ``None``
+            packs the embedded ``sample_chat.jsonl`` (:func:`sample_data_path`).
+        output: dataset directory to create.
+        tokenizer: tokenizer name/path or a loaded HF tokenizer (``"qwen3"`` = embedded Qwen3).
+        seq_length: pack capacity in tokens; must be divisible by the pad multiple.
+        algorithm: a ``PackingAlgorithm`` or its name (``None`` = ``DEFAULT_ALGORITHM``).
+        pad_to_multiple_of: per-segment multiple (Megatron-Bridge ``pad_seq_to_mult``).
+        context_parallel_size: CP size; CP > 1 pads every segment to a multiple of 2*CP.
+        overlength, on_error, train_on, format: data-preparation policies (see ``seqpack.data.prepare``);
+            ``format="auto"`` detects per record.
+        seed: planner seed (pack order shuffle).
+        overwrite: replace an existing dataset at ``output``.
+        rows_per_shard: packs per Parquet shard.
+        validate: check every built row (``PackedSequence.validate``) before writing.
+        progress: optional ``rich.progress.Progress`` (one bar per stage) or a
+            ``callback(stage, done, total)`` with stages ``prepare``, ``plan``, ``write``.
+        log: optional callable receiving one-line stage messages.
+        image_processor: Qwen2-VL image processor for image records: ``None`` (transformers'
+            defaults), a ``preprocessor_config.json`` path/folder, a dict, or a processor.
+        min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
+            tokens per image).
+
+    Returns:
+        :class:`PackResult`.
+
+    Raises:
+        PackConfigError: invalid settings (names the keys), e.g. ``seq_length`` not divisible by the
+            multiple (case B23: capacity 150 with CP=2) or above the planner's capacity limit; checked
+            before any data is read.
+        NothingToPackError: every record was dropped or skipped (nothing is written).
+        FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
+        FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix); a missing
+            or unreadable image raises ``ValueError`` naming the sample and path (``on_error="skip"``
+            lists it in the report as ``skipped``/``bad_media``).
+    """
+    t0 = time.perf_counter()
+    say = log or (lambda _msg: None)
+    bars = stages.Progress(progress)
+    job = PackJob.create(
+        inputs, output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algorithm,
+        pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, overlength=overlength,
+        on_error=on_error, train_on=train_on, seed=seed, format=format, overwrite=overwrite,
+        rows_per_shard=rows_per_shard, validate=validate, image_processor=image_processor,
+        min_pixels=min_pixels, max_pixels=max_pixels, log=say,
+    )
+    tok = stages.open_tokenizer(job)
+    totals = stages.PrepareTotals()
+    proc = job.image_processor
+    spill = None
+    try:
+        # ---- 1. prepare: files one at a time into a disk spill; in-memory inputs all at once in memory
+        if not _FORCE_IN_MEMORY.get() and all(isinstance(i, (str, os.PathLike)) for i in job.inputs):
+            output = job.output
+            output.parent.mkdir(parents=True, exist_ok=True)
+            spill = SampleSpill(output.parent / f".{output.name}.spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            for item, name in zip(job.inputs, stages.input_names(job)):
+                base = totals.report.records_read
+
+                def file_progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
+                    bars(stage, _base + done if stage == "prepare" else done, total)
+
+                part = stages.prepare(job, tok, [item], [name], image_processor=proc, progress=file_progress)
+                proc = part.image_processor
+                totals.add(part)
+                spill.extend(part.samples)
+                del part
+            num_samples, trainable, get_sample = len(spill), spill.trainable_tokens, spill.get
+            lengths = spill.lengths()
+        else:
+            part = stages.prepare(job, tok, list(job.inputs), image_processor=proc, progress=bars)
+            proc, samples = part.image_processor, part.samples
+            totals.add(part)
+            num_samples, trainable = len(samples), int(sum(s.num_trainable for s in samples))
+            get_sample = samples.__getitem__
+            lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+        report = totals.finish()
+        t_prep = time.perf_counter()
+        stages.check_prepared(job, report, totals.sources, num_samples, totals.stats, say)
+
+        # ---- 2. plan (the job's one pad multiple, as the row builder: case B24)
+        plan = stages.plan(job, lengths, bars)
+        t_plan = time.perf_counter()
+        say(f"planned {plan.num_bins} packs (lower bound {plan.lower_bound}) with {job.algorithm.value}")
+
+        # ---- 3. build rows and write atomically
+        settings = job.metadata_settings(
+            tokenizer_hash=tok.files_sha256, chat_template_hash=tok.chat_template_sha256, pad_token_id=tok.pad_token_id
+        )
+        media = {**media_metadata(proc, tok.tokenizer), **totals.stats} if totals.stats["images"] else None
+        meta = build_metadata(
+            lengths=lengths, trainable_tokens=int(trainable), bins=plan.bins, lower_bound=int(plan.lower_bound),
+            report=report, settings=settings, described_inputs=[describe_input(i) for i in job.inputs],
+            tokenizer_name=tok.name, media=media,
+        )
+        rows = stages.build_rows(job, plan.bins, get_sample, tok.pad_token_id, bars)
+        meta = stages.write(job, rows, meta, report.entries)
+    finally:
+        if spill is not None:
+            spill.cleanup()
+    t_end = time.perf_counter()
+    say(f"wrote {meta.num_packs} packs to {job.output}")
+    return PackResult(job.output, meta, report, plan, stages.timings(t0, t_prep, t_plan, t_end))
+
+
+_FORCE_IN_MEMORY: ContextVar[bool] = ContextVar("seqpack_pack_in_memory", default=False)
+
+
+def _pack_in_memory(*args: Any, **kwargs: Any) -> PackResult:
+    """:func:`pack_dataset` with every prepared ``Sample`` kept in memory between prepare and writing
+    (the path used for in-memory inputs). Same arguments and byte-identical output as the default
+    file-by-file spill path; kept callable so tests can compare the two."""
+    token = _FORCE_IN_MEMORY.set(True)
+    try:
+        return pack_dataset(*args, **kwargs)
+    finally:
+        _FORCE_IN_MEMORY.reset(token)

@@ -1,0 +1,309 @@
+"""The stages of the offline job, shared by both engines: open the tokenizer, **prepare** (per input
+file: the seam the engines map over), **plan** (``pack_lengths``), build rows, **write**.
+
+Each stage takes the :class:`~seqpack.pipeline.job.PackJob`; the local engine runs them top to bottom
+(:mod:`seqpack.pipeline.local`), the Ray engine maps :func:`prepare` over input files on workers and
+builds rows there (:mod:`seqpack.pipeline.ray`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+import seqpack.algorithms as algorithms
+import seqpack.data as data
+import seqpack.packed as packed
+from seqpack.data.media.expand import apply_length_policy
+from seqpack.data.prepare import UNLIMITED, display_names, rename_source
+from seqpack.data.sample import PrepareReport
+from seqpack.data.sources import InMemoryRecords
+from seqpack.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from seqpack.io.writer import PackedWriter
+from seqpack.pipeline.job import NothingToPackError, PackJob, resolve_image_processor
+
+__all__ = [
+    "JobTokenizer",
+    "Prepared",
+    "PrepareTotals",
+    "Progress",
+    "build_row",
+    "build_rows",
+    "check_plan_places_all",
+    "check_prepared",
+    "input_names",
+    "open_tokenizer",
+    "plan",
+    "prepare",
+    "timings",
+    "write",
+]
+
+
+class Progress:
+    """Adapt ``progress`` (a ``rich.progress.Progress``, a ``callback(stage, done, total)`` or None)
+    to one bar per stage: ``prepare`` (reading + tokenizing, reported by ``seqpack.data.prepare``),
+    ``media``, ``plan`` and ``write``."""
+
+    _LABELS = {"prepare": "reading + tokenizing records", "media": "expanding images", "plan": "planning packs",
+               "write": "building + writing packs"}
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        p = self.progress
+        if p is None:
+            return
+        if not hasattr(p, "add_task"):
+            p(stage, done, total)
+            return
+        if stage not in self.tasks:
+            self.tasks[stage] = p.add_task(self._LABELS.get(stage, stage), total=total)
+        p.update(self.tasks[stage], completed=done, total=total)
+
+
+@dataclass(frozen=True)
+class JobTokenizer:
+    """The loaded tokenizer and the facts recorded about it: ``name`` (as given), the sha256 of its
+    files and of its chat template (``seqpack.data.tokenizer_fingerprint``), and the pad token id
+    used for alignment padding (``pad_token_id``, else ``eos_token_id``, else 0)."""
+
+    tokenizer: Any
+    name: str | None
+    files_sha256: str | None
+    chat_template_sha256: str | None
+    pad_token_id: int
+
+
+def open_tokenizer(job: PackJob) -> JobTokenizer:
+    """Load ``job.tokenizer`` (a name/path through ``load_tokenizer``, or the object as given).
+
+    Raises:
+        TokenizerError: the tokenizer cannot be loaded or has no chat template.
+    """
+    if isinstance(job.tokenizer, (str, os.PathLike)):
+        tok, name = load_tokenizer(job.tokenizer), str(job.tokenizer)
+    else:
+        tok, name = job.tokenizer, getattr(job.tokenizer, "name_or_path", None)
+    fp = tokenizer_fingerprint(tok)
+    pad = next((v for v in (getattr(tok, a, None) for a in ("pad_token_id", "eos_token_id")) if isinstance(v, int)), 0)
+    return JobTokenizer(tok, name, fp.get("files_sha256"), fp.get("chat_template_sha256"), pad)
+
+
+def input_names(job: PackJob) -> list[str]:
+    """The sample-id prefix of every input of the job (``seqpack.data.prepare.display_names``)."""
+    return display_names(list(job.inputs))
+
+
+@dataclass
+class Prepared:
+    """The prepare stage's result for some inputs.
+
+    Attributes:
+        samples: the final ``Sample`` s (over-length policy applied, images expanded to references).
+        report: records read, totals and the read/tokenize entries (skipped records...).
+        policy_entries: the over-length / image entries (dropped, truncated, split, bad media).
+        stats: ``{"images", "image_tokens", "samples_with_images"}``.
+        sources: ``str(Sample.source)`` of every sample (to name inputs that hold no record).
+        image_processor: the processor used for image samples (``None`` when there were none).
+    """
+
+    samples: list
+    report: PrepareReport
+    policy_entries: list
+    stats: dict[str, int]
+    sources: set[str] = field(default_factory=set)
+    image_processor: Any = None
+
+
+def prepare(
+    job: PackJob, tok: JobTokenizer, items: Sequence[Any], names: Sequence[str] | None = None, *,
+    image_processor: Any = None, progress: Callable[[str, int, int | None], None] | None = None,
+    text_check: Callable[[list], None] | None = None,
+) -> Prepared:
+    """Read, normalise and tokenize ``items`` without a length limit (an image sample's length is only
+    known after its placeholders are expanded), then apply the job's over-length policy and expand
+    images (``seqpack.data.media.apply_length_policy``).
+
+    Args:
+        items: one input file (the per-file seam both engines map over), or several inputs at once.
+        names: the whole job's display names of ``items`` (:func:`input_names`), so sample ids equal
+            those of one ``prepare`` call on every input; ``None`` keeps ``prepare``'s own names.
+        image_processor: the processor for image samples (``None``: the job's, else built on demand).
+        text_check: called with the tokenized samples before the length step (may raise).
+
+    Raises:
+        DataFormatError / TokenizerError / OverlengthError / ValueError: as ``seqpack.data.prepare`` and
+            ``apply_length_policy`` (bad records, bad images, ``overlength="error"``).
+    """
+    one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
+    samples, rep = data.prepare(
+        one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
+        train_on=job.train_on, format=job.format, progress=progress,
+    )
+    if names is not None and len(items) == 1:
+        rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
+    if text_check is not None:
+        text_check(samples)
+    proc = image_processor if image_processor is not None else job.image_processor
+    if proc is None and any((s.media or {}).get("images") for s in samples):
+        proc = resolve_image_processor(None)
+    n_read = len(rep.entries)
+    samples, rep, stats = apply_length_policy(
+        samples, rep, tok.tokenizer, seq_length=job.seq_length, overlength=job.overlength, on_error=job.on_error,
+        image_processor=proc, progress=progress,
+    )
+    policy = rep.entries[n_read:]
+    del rep.entries[n_read:]
+    return Prepared(samples, rep, policy, stats, {str(s.source) for s in samples}, proc)
+
+
+@dataclass
+class PrepareTotals:
+    """The prepare results of a whole job, added input by input (:meth:`add`); :meth:`finish` gives the
+    job's report: every read/tokenize entry (all inputs, in order) before the over-length/image entries."""
+
+    report: PrepareReport = field(default_factory=PrepareReport)
+    policy_entries: list = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: {"images": 0, "image_tokens": 0, "samples_with_images": 0})
+    sources: set[str] = field(default_factory=set)
+
+    def add(self, p: Prepared) -> None:
+        """Add one prepare result (its samples are not kept)."""
+        self.report.merge(p.report)
+        self.policy_entries.extend(p.policy_entries)
+        for key in self.stats:
+            self.stats[key] += int(p.stats.get(key, 0))
+        self.sources |= p.sources
+
+    def finish(self) -> PrepareReport:
+        """The job's :class:`~seqpack.data.sample.PrepareReport` (call once)."""
+        self.report.entries.extend(self.policy_entries)
+        self.policy_entries = []
+        return self.report
+
+
+def _input_label(item: Any) -> str:
+    return os.fspath(item) if isinstance(item, (str, os.PathLike)) else f"<{type(item).__name__}>"
+
+
+def _empty_inputs(items: Sequence[Any], sources: set[str], entries: Sequence[Any]) -> list[str]:
+    """Inputs (files) that produced neither a sample nor a report entry: they hold no record."""
+    seen = set(sources) | {str(e.source) for e in entries}
+    out = []
+    for it in items:
+        if isinstance(it, (str, os.PathLike)):
+            name = os.fspath(it)
+            if name not in seen and str(Path(name)) not in seen and Path(name).name not in seen:
+                out.append(name)
+    return out
+
+
+def check_prepared(
+    job: PackJob, report: PrepareReport, sources: set[str], num_samples: int, stats: dict[str, int],
+    say: Callable[[str], None],
+) -> None:
+    """Log what was prepared (and each input holding no record); raise when nothing is left to pack.
+
+    Raises:
+        NothingToPackError: no sample left; names the inputs, the counts by status and reason, the fix.
+    """
+    say(f"prepared {num_samples} samples from {report.records_read} records"
+        + (f" ({stats['images']} images, {stats['image_tokens']} image tokens)" if stats.get("images") else ""))
+    empty = _empty_inputs(job.inputs, sources, report.entries)
+    for name in empty:
+        say(f"input {name} holds no record (empty file or empty JSON array)")
+    if num_samples:
+        return
+    names = ", ".join(_input_label(i) for i in job.inputs)
+    if report.records_read == 0:
+        raise NothingToPackError(
+            f"no record to pack: 0 records read from {names} (empty file(s) or empty JSON array). "
+            "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
+            "with one record per line, or Parquet) and that it is not empty"
+        )
+    raise NothingToPackError(
+        f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
+        f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
+        "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
+        "with --on-error raise)"
+        + (f"; empty input(s): {', '.join(empty)}" if empty else "")
+    )
+
+
+def check_plan_places_all(plan: Any, num_samples: int, what: str) -> None:
+    """Raise ``RuntimeError`` (a planner bug, never a user error) unless ``plan.bins`` place every index
+    ``0 .. num_samples-1`` exactly once; ``what`` names the algorithm/planning mode in the message."""
+    order = np.concatenate(plan.bins) if plan.bins else np.zeros(0, np.int64)
+    if order.shape[0] != num_samples or not np.array_equal(np.sort(order), np.arange(num_samples)):
+        raise RuntimeError(
+            f"packing plan ({what}) does not place every sample exactly once "
+            f"({order.shape[0]} placements for {num_samples} samples)"
+        )
+
+
+def plan(job: PackJob, lengths: np.ndarray, progress: Callable[[str, int, int | None], None] | None = None) -> Any:
+    """Plan the packs of int64 ``lengths`` ``[n]`` (``seqpack.algorithms.pack_lengths`` with the job's
+    algorithm, seed and pad multiple: the same multiple as the row builder, case B24) and check that
+    every sample is placed exactly once. Returns the :class:`~seqpack.algorithms.PackingPlan`."""
+    if progress is not None:
+        progress("plan", 0, 1)
+    p = algorithms.pack_lengths(lengths, job.seq_length, job.algorithm, seed=job.seed, pad_to_multiple_of=job.pad_multiple)
+    if progress is not None:
+        progress("plan", 1, 1)
+    check_plan_places_all(p, len(lengths), job.algorithm.value)
+    return p
+
+
+def build_row(job: PackJob, samples: Sequence[Any], pad_token_id: int) -> Any:
+    """One offline THD row (:func:`seqpack.packed.build_packed_sequence` with the job's pad multiple, no
+    tail padding), checked against every invariant when ``job.validate``.
+
+    Raises:
+        ValueError / PackedSequenceError: from the builder or the validator (names the sample ids).
+    """
+    row = packed.build_packed_sequence(
+        samples, pad_to_multiple_of=job.pad_multiple, pad_token_id=pad_token_id, seq_length=job.seq_length
+    )
+    if job.validate:
+        row.validate(capacity=job.seq_length, context_parallel_size=job.context_parallel_size, multiple=job.pad_multiple)
+    return row
+
+
+def build_rows(
+    job: PackJob, bins: Sequence[np.ndarray], get_sample: Callable[[int], Any], pad_token_id: int,
+    progress: Callable[[str, int, int | None], None] | None = None,
+) -> Iterator[Any]:
+    """Yield the row of every pack of ``bins`` in order (samples fetched with ``get_sample(i)``)."""
+    total = len(bins)
+    if progress is not None:
+        progress("write", 0, total)
+    for k, b in enumerate(bins, 1):
+        row = build_row(job, [get_sample(int(i)) for i in b], pad_token_id)
+        if progress is not None and (k % 64 == 0 or k == total):
+            progress("write", k, total)
+        yield row
+
+
+def write(job: PackJob, rows: Iterator[Any], metadata: Any, entries: Sequence[Any]) -> Any:
+    """Write ``rows`` and publish the dataset atomically (``seqpack.io.PackedWriter``: shards,
+    ``report.jsonl`` from ``entries``, then ``metadata.json``); returns the final metadata."""
+    with PackedWriter(job.output, overwrite=job.overwrite, rows_per_shard=job.rows_per_shard) as w:
+        w.write_all(rows)
+        return w.finalize(metadata, entries)
+
+
+def timings(t0: float, t_prep: float, t_plan: float, t_end: float) -> dict[str, float]:
+    """Wall seconds per stage (``prepare``, ``plan``, ``write``, ``total``), rounded to ms."""
+    return {
+        "prepare": round(t_prep - t0, 3),
+        "plan": round(t_plan - t_prep, 3),
+        "write": round(t_end - t_plan, 3),
+        "total": round(t_end - t0, 3),
+    }
