@@ -41,7 +41,7 @@ __all__ = [
 #: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
 _SUBMODULES = {
     "accounting", "adapters", "algorithms", "collate", "config", "data", "engines", "hf", "interop",
-    "io", "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "report", "sample", "stream",
+    "io", "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "sample", "stream",
 }
 
 

@@ -8,7 +8,6 @@ row gives the same statistics as its samples run one by one.
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 

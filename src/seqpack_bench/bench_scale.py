@@ -201,7 +201,7 @@ def stage_pack(engine: str, corpus: list[str], out: str) -> dict:
 
         res = pack_dataset(corpus, out, **kw)
     else:
-        from seqpack.engines.ray_engine import pack_dataset_ray
+        from seqpack.pipeline import pack_dataset_ray
 
         res = pack_dataset_ray(corpus, out, num_cpus=2, object_store_memory=256 * 1024**2, **kw)
     wall = time.perf_counter() - t

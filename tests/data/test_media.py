@@ -248,7 +248,7 @@ def _hf_rope_index(ids, grid, merge):
 
 
 def test_mrope_positions_match_transformers_and_restart_per_segment(qwen3_tokenizer, vt, proc, shared_data):
-    from seqpack.data.media import mrope_position_ids
+    from seqpack.packed.mrope import mrope_position_ids
     from seqpack.stream import pack_selected_samples
 
     tok = qwen3_tokenizer
@@ -291,7 +291,7 @@ def test_collate_media_without_pixels_says_to_load_media():
 
 def test_packed_mrope_positions_with_empty_tail_segment():
     """The in-batch forced tail is a segment with 0 real tokens: its padding counts from 0, no crash."""
-    from seqpack.data.media import packed_mrope_position_ids
+    from seqpack.packed.mrope import packed_mrope_position_ids
 
     table = np.array([[0, 1, 1], [0, 1, 2], [0, 2, 1]])
     out = packed_mrope_position_ids([{"mrope_position_ids": table}, None], [0, 3, 3], [0, 4, 8])

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from seqpack.data.sample import IGNORE_INDEX, Sample, SampleRecord, shift_labels
-from seqpack.interop._labels import unshift_per_segment
+from seqpack.accounting import SampleRecord
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels, unshift_labels
 
 __all__ = [
     "OVERLENGTH_POLICIES",
@@ -53,12 +53,10 @@ def trainable_mask(labels: np.ndarray) -> np.ndarray:
     """The unshifted per-token trainable mask of one sample's shifted labels, bool ``[L]``.
 
     ``mask[t] = labels[t-1] != -100`` for ``t >= 1`` and ``mask[0] = False`` (the sample as one segment
-    of :func:`seqpack.interop._labels.unshift_per_segment`); an explicit final target ``labels[-1]``
+    of :func:`seqpack.sample.unshift_labels`); an explicit final target ``labels[-1]``
     has no slot in the mask and is not represented.
     """
-    n = len(labels)
-    bounds = np.array([0, n], dtype=np.int64)
-    return unshift_per_segment(labels, bounds, bounds, final_target="drop") != IGNORE_INDEX
+    return np.asarray(unshift_labels(labels, final_target="drop")) != IGNORE_INDEX
 
 
 def image_cut(

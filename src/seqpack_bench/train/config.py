@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from seqpack.algorithms import PackingAlgorithm
+from seqpack.algorithms import resolve_algorithm
 
 MODES = ("padded", "packed", "in_batch", "streaming")
 TINY_MODELS = ("tiny-qwen3", "tiny-llama")
@@ -198,10 +198,11 @@ class TrainConfig:
             need(f, is_int(getattr(self, f)) and getattr(self, f) >= 1, "an integer >= 1")
         if self.model in TINY_MODELS:
             self._validate_shape(n)
-        choices = [a.value for a in PackingAlgorithm]
-        if self.algorithm is not None and self.algorithm not in choices:
-            raise ValueError(f"{n('algorithm')}: unknown packing algorithm {self.algorithm!r}; choose one of: "
-                             f"{', '.join(choices)}")
+        if self.algorithm is not None:
+            try:
+                resolve_algorithm(self.algorithm)
+            except ValueError as e:
+                raise ValueError(f"{n('algorithm')}: {e}") from None
         need("max_samples", self.max_samples is None or (is_int(self.max_samples) and self.max_samples >= 1),
              "None or an integer >= 1")
         need("num_threads", self.num_threads is None or (is_int(self.num_threads) and self.num_threads >= 0),

@@ -4,13 +4,12 @@
 * ``placeholders``: ``VisionTokens`` and ``expand_image_placeholders`` (one sample);
 * ``expand``: ``expand_samples`` / ``prepare_multimodal`` (batch, streaming) and ``apply_length_policy``
   (the offline job), all through the one over-length policy of ``seqpack.data.length_policy``;
-* ``mrope``: M-RoPE positions of a sample and of a packed row.
+M-RoPE positions live with the packed row (``seqpack.packed.mrope``).
 """
 
 from seqpack.data.length_policy import OVERLENGTH_POLICIES, OverlengthError
 from seqpack.data.media.expand import apply_length_policy, expand_samples, prepare_multimodal
 from seqpack.data.media.images import collate_media, load_image_processor, num_image_tokens, open_image, process_images
-from seqpack.data.media.mrope import mrope_position_ids, packed_mrope_position_ids
 from seqpack.data.media.placeholders import VisionTokens, expand_image_placeholders
 from seqpack.data.records import IMAGE_PLACEHOLDER
 
@@ -27,7 +26,5 @@ __all__ = [
     "prepare_multimodal",
     "apply_length_policy",
     "collate_media",
-    "mrope_position_ids",
-    "packed_mrope_position_ids",
     "OverlengthError",
 ]

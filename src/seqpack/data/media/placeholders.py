@@ -16,7 +16,7 @@ import numpy as np
 
 from seqpack.data.length_policy import check_overlength, image_cut, trainable_mask
 from seqpack.data.media.images import load_image_processor, num_image_tokens, process_images
-from seqpack.data.media.mrope import mrope_position_ids
+from seqpack.packed.mrope import mrope_position_ids
 from seqpack.data.records import IMAGE_PLACEHOLDER
 from seqpack.data.sample import IGNORE_INDEX, Sample, SampleRecord, shift_labels
 
