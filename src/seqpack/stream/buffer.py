@@ -226,7 +226,8 @@ class CarryOverBuffer:
         nb = len(bins)
         sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=nb)
         flat = np.concatenate(bins) if nb else _empty()
-        if len(flat) != len(self.buf_keys) or (len(flat) and np.bincount(flat, minlength=len(self.buf_keys)).max() != 1):
+        n = len(self.buf_keys)
+        if len(flat) != n or (len(flat) and np.bincount(flat, minlength=n).max() != 1):
             raise RuntimeError(
                 f"packing algorithm {s.algorithm!r} returned bins that do not cover the buffer exactly once"
             )
@@ -271,7 +272,8 @@ class CarryOverBuffer:
         if len(cidx):
             cidx = np.sort(cidx)
             st["carried"] += len(cidx)
-            self.buf_keys, self.buf_lens, self.buf_age = self.buf_keys[cidx], self.buf_lens[cidx], self.buf_age[cidx] + 1
+            self.buf_keys, self.buf_lens = self.buf_keys[cidx], self.buf_lens[cidx]
+            self.buf_age = self.buf_age[cidx] + 1
             st["max_wait"] = max(st["max_wait"], int(self.buf_age.max()))
         else:
             self.buf_keys, self.buf_lens, self.buf_age = (_empty(),) * 3

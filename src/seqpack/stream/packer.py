@@ -181,7 +181,8 @@ class StreamingPacker(IterableDataset):
     ) -> None:
         super().__init__()
         rank, world_size = _dist_rank_world(rank, world_size)
-        name, self._run_algorithm = resolve_stream_algorithm(STREAM_DEFAULT_ALGORITHM if algorithm is None else algorithm)
+        algorithm = STREAM_DEFAULT_ALGORITHM if algorithm is None else algorithm
+        name, self._run_algorithm = resolve_stream_algorithm(algorithm)
         self.settings = PackerSettings(
             seq_length=capacity, algorithm=name, rank=rank, world_size=world_size,
             packing_buffer_size=packing_buffer_size, pad_to_multiple_of=pad_to_multiple_of,
