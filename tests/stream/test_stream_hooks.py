@@ -16,7 +16,7 @@ from seqpack.stream import pack_selected_samples, select_samples_to_pack
 def test_hooks_do_not_import_torch():
     src = os.path.dirname(os.path.dirname(seqpack.__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    code = ("import sys, seqpack.stream.hooks, seqpack.stream.buffer, seqpack.stream; "
+    code = ("import sys, seqpack.stream.hooks, seqpack.stream.buffer, seqpack.stream.source, seqpack.stream; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

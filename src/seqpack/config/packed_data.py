@@ -44,11 +44,7 @@ def check_packed_data(cfg: Any, path: str | Path | None = None) -> PackedDataChe
     p = str(p)
     # seqpack.io imports pyarrow: deferred so that loading and validating a config stays light
     from seqpack.io import load_packed
-    from seqpack.io.metadata import (
-        PackedDatasetError,
-        PackedMetadata,
-        StalePackedDatasetError,
-    )
+    from seqpack.io.metadata import PackedDatasetError, PackedMetadata, StalePackedDatasetError
 
     try:
         try:

@@ -14,9 +14,8 @@ the registry data (:mod:`seqpack.config.registry`), never from branches on famil
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from seqpack.config.errors import Violation
 from seqpack.config.registry import ModelFamily, Registry, load_registry

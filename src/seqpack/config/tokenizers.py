@@ -33,12 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqpack.data.tokenizer import (
-    EMBEDDED,
-    TokenizerError,
-    load_tokenizer,
-    tokenizer_fingerprint,
-)
+from seqpack.data.tokenizer import EMBEDDED, TokenizerError, load_tokenizer, tokenizer_fingerprint
 
 __all__ = ["TOKENIZER_ALIASES", "TokenizerComparison", "canonical_tokenizer_name", "compare_tokenizer"]
 

@@ -4,6 +4,7 @@
   and :func:`pack_selected_samples` (stateless, numpy only);
 - :mod:`~seqpack.stream.settings`: :class:`PackerSettings`, every setting of a packer, checked once;
 - :mod:`~seqpack.stream.buffer`: the carry-over buffer of one shard and its savable state (RNG included);
+- :mod:`~seqpack.stream.source`: reading one shard of the source (by key, or in order with replay);
 - :mod:`~seqpack.stream.packer`: :class:`StreamingPacker`, the torch ``IterableDataset`` shell.
 
 Importing this package or its hooks does not import torch; ``StreamingPacker`` loads it on first
@@ -15,11 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from seqpack.stream.buffer import STATE_VERSION
-from seqpack.stream.hooks import (
-    pack_selected_samples,
-    sample_length,
-    select_samples_to_pack,
-)
+from seqpack.stream.hooks import pack_selected_samples, sample_length, select_samples_to_pack
 from seqpack.stream.settings import STREAM_DEFAULT_ALGORITHM, PackerSettings
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -15,13 +15,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.padding import round_up
-from seqpack.stream.hooks import (
-    LOG_FIRST,
-    RunAlgorithm,
-    first_names,
-    logger,
-    sample_name,
-)
+from seqpack.stream.hooks import LOG_FIRST, RunAlgorithm, first_names, logger, sample_name
 from seqpack.stream.settings import PackerSettings
 
 __all__ = ["STATE_VERSION", "CarryOverBuffer", "epoch_order", "new_stats", "packer_rng"]

@@ -15,23 +15,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.stream.buffer import (
-    STATE_VERSION,
-    CarryOverBuffer,
-    epoch_order,
-    new_stats,
-    packer_rng,
-)
-from seqpack.stream.hooks import (
-    pack_selected_samples,
-    resolve_stream_algorithm,
-    sample_length,
-)
-from seqpack.stream.settings import (
-    STREAM_DEFAULT_ALGORITHM,
-    PackerSettings,
-    check_same_settings,
-)
+from seqpack.stream.buffer import STATE_VERSION, CarryOverBuffer, epoch_order, new_stats, packer_rng
+from seqpack.stream.hooks import pack_selected_samples, resolve_stream_algorithm, sample_length
+from seqpack.stream.settings import STREAM_DEFAULT_ALGORITHM, PackerSettings, check_same_settings
+from seqpack.stream.source import iterable_reader, map_reader
 
 __all__ = ["StreamingPacker"]
 
@@ -276,60 +263,22 @@ class StreamingPacker(IterableDataset):
 
     # -------------------------------------------------------------------------------- reading
     def _make_reader(self, run: CarryOverBuffer, keys: np.ndarray | None):
-        """Return read(n) -> (keys int64[k], lens int64[k], items list|None), positioned at run.cursor."""
-        lf = self.length_fn
+        """Return (read, fetch) for this shard, positioned at ``run.cursor`` (:mod:`seqpack.stream.source`);
+        ``fetch(key) -> item`` for map-style sources, ``None`` for iterables."""
+        need_items = self.output != "indices"
         if keys is not None:
             src = self.source
-
-            def read(n: int):
-                ks = keys[run.cursor : run.cursor + n]
-                run.cursor += len(ks)
-                if self._numeric_source:
-                    lens = src[ks].astype(np.int64)
-                    items = None if self.output == "indices" else [src[int(k)] for k in ks]
-                else:
-                    items = [src[int(k)] for k in ks]
-                    lens = np.fromiter((lf(x) for x in items), dtype=np.int64, count=len(items))
-                return ks, lens, items
-
+            read = map_reader(src, keys, run, length_fn=self.length_fn, numeric=self._numeric_source,
+                              need_items=need_items)
             return read, (lambda k: src[int(k)])
-
         shard, nshards = self._shard()
         if self.shard_source:
             self._check_not_self_sharding()
             it = itertools.islice(iter(self.source), shard, None, nshards)
         else:
             it = iter(self.source)
-        # replay (plain iterables): skip to the cursor, collecting items still waiting in the state
-        wanted = set(run.buf_keys.tolist()) | set(run.pend_keys.tolist()) if self.output != "indices" else set()
-        found: dict[int, Any] = {}
-        for k in range(run.cursor):
-            try:
-                x = next(it)
-            except StopIteration:
-                raise ValueError(
-                    f"cannot resume: the source ended after {k} items of this shard, but the state was saved at "
-                    f"{run.cursor}; the source changed since the state was saved"
-                ) from None
-            pos = shard + k * nshards
-            if pos in wanted:
-                found[pos] = x
-        if len(found) != len(wanted):
-            raise ValueError("cannot resume: items waiting in the saved buffer were not found in the source replay")
-        run.items.update(found)
-
-        def read(n: int):
-            chunk = list(itertools.islice(it, n))
-            start = run.cursor
-            run.cursor += len(chunk)
-            ks = shard + nshards * np.arange(start, start + len(chunk), dtype=np.int64)
-            if chunk and isinstance(chunk[0], (int, np.integer)) and lf is sample_length:
-                lens = np.fromiter(chunk, dtype=np.int64, count=len(chunk))
-            else:
-                lens = np.fromiter((lf(x) for x in chunk), dtype=np.int64, count=len(chunk))
-            return ks, lens, chunk
-
-        return read, None
+        return iterable_reader(it, run, shard=shard, nshards=nshards, length_fn=self.length_fn,
+                               need_items=need_items), None
 
     def _check_not_self_sharding(self) -> None:
         src = self.source
