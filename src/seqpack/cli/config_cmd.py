@@ -12,6 +12,16 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.cli.app import app
+from seqpack.config import (
+    ConfigValidationError,
+    PackingConfig,
+    get_family,
+    list_families,
+    list_recipes,
+    load_recipe,
+    recipe_descriptions,
+    recipe_text,
+)
 
 
 def _console() -> Console:
@@ -28,7 +38,8 @@ def validate_cmd(
     output_format: str = typer.Option("table", "--format", "-f", help="table | json"),
     check_data: bool = typer.Option(
         True, "--check-data/--no-check-data",
-        help="With PACKED_DIR or packed_dataset_path, also check the stored data was packed for this config (B23).",
+        help="With PACKED_DIR or packed_dataset_path, also check the stored data was packed for this config "
+        "(B23: stale packed data).",
     ),
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
@@ -38,8 +49,6 @@ def validate_cmd(
     effective pad multiple, CP size, train_on and tokenizer identity are violations; a different
     algorithm is only a note. --no-check-data skips the data check.
     """
-    from seqpack.config import ConfigValidationError, PackingConfig, list_recipes, load_recipe
-
     console = _console()
     if output_format not in ("table", "json"):
         console.print(f"[red]--format must be 'table' or 'json', got {escape(repr(output_format))}[/red]")
@@ -113,8 +122,6 @@ def recipe_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the YAML to this file."),
 ) -> None:
     """Print a recipe's YAML (a validated PackingConfig preset), or list the recipes."""
-    from seqpack.config import list_recipes, recipe_descriptions, recipe_text
-
     console = _console()
     if name is None:
         table = Table(title="seqpack recipes (seqpack recipe NAME prints one)")
@@ -140,8 +147,6 @@ def families_cmd(
     name: Optional[str] = typer.Argument(None, help="Family key or alias; omit to list every family."),
 ) -> None:
     """Show the model-family registry (packing modes, positions, attention kinds, MTP, opt-outs, sources)."""
-    from seqpack.config import get_family, list_families
-
     console = _console()
     if name is None:
         table = Table(title="seqpack model families (seqpack families NAME shows opt-outs and sources)")

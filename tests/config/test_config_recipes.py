@@ -11,7 +11,7 @@ import yaml
 
 from seqpack.config import PackingConfig, list_recipes, load_recipe, recipe_descriptions, recipe_text
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # name -> pinned values (packing defaults); effective_pad_multiple is derived
 PINNED = {

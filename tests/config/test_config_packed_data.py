@@ -118,7 +118,7 @@ def test_no_stored_tokenizer_is_a_note(tmp_path):
 
 def test_B23_contract_keys_stay_violations_and_user_multiple_is_a_note(tmp_path):
     from seqpack.data.tokenize import TRAIN_ON
-    from seqpack.config.model import TRAIN_ON_VALUES
+    from seqpack.config.options import TRAIN_ON_VALUES
 
     assert TRAIN_ON_VALUES == TRAIN_ON
     out = _write(tmp_path / "p", train_on="assistant", pad_to_multiple_of=1, effective_pad_multiple=1)

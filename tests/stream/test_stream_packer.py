@@ -1,4 +1,4 @@
-"""Streaming packer: accounting, determinism, sharding, exact resume (also in a new process)."""
+"""StreamingPacker: accounting, determinism, sharding, exact resume (also in a new process)."""
 
 from __future__ import annotations
 
@@ -16,22 +16,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _stream_data import keys_of, lognormal_lengths, make_samples  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from seqpack.data.sample import IGNORE_INDEX, Sample  # noqa: E402
-from seqpack.stream import StreamingPacker, pack_selected_samples, select_samples_to_pack  # noqa: E402
+from seqpack.stream import StreamingPacker  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def lognormal_lengths(n, cap, seed=0):
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(5.5, 0.9, n).astype(np.int64), 1, cap)
-
-
-def keys_of(packs):
-    return [int(k) for p in packs for k in p]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def roundtrip(state):
@@ -49,17 +40,6 @@ class Stream:
 
     def __iter__(self):
         return iter(self.items)
-
-
-def make_samples(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i, n in enumerate(lengths):
-        ids = rng.integers(1, 1000, int(n)).astype(np.int32)
-        labels = np.full(int(n), IGNORE_INDEX, np.int32)
-        labels[:-1] = ids[1:]
-        out.append(Sample(ids, labels, sample_id=f"s{i}", source="synthetic", index=i))
-    return out
 
 
 # ------------------------------------------------------------------------------------ accounting
@@ -156,6 +136,15 @@ def test_bad_settings_are_named():
         StreamingPacker(42, 128)
     with pytest.raises(ValueError, match="output"):
         StreamingPacker([1], 128, output="rows")
+
+
+def test_settings_object_and_attributes_agree():
+    p = StreamingPacker(np.array([3, 5]), 128, packing_buffer_size=4, pad_to_multiple_of=8, max_wait=2)
+    s = p.settings
+    assert (s.seq_length, s.packing_buffer_size, s.pad_to_multiple_of, s.max_wait) == (128, 4, 8, 2)
+    assert (p.capacity, p.packing_buffer_size, p.pad_to_multiple_of, p.max_wait) == (128, 4, 8, 2)
+    assert p.algorithm_name == s.algorithm == "best_fit_decreasing" and (p.rank, p.world_size) == (0, 1)
+    assert p.state_dict()["config"]["capacity"] == 128  # the saved fingerprint keeps its key names
 
 
 # ------------------------------------------------------------------------------------ determinism
@@ -271,26 +260,6 @@ def test_state_holds_keys_not_tensors_and_is_small():
     assert size < 600_000, size
     assert len(state["buffer_keys"]) + len(state["pending_keys"]) <= 10000
     assert state["buffer_keys"].dtype == torch.int64
-
-
-# ------------------------------------------------------------------------------------ hooks
-
-
-def test_energon_hooks_select_and_pack():
-    samples = make_samples([300, 200, 100, 400, 50, 250, 120], seed=5)
-    groups = select_samples_to_pack(samples, capacity=512, pad_to_multiple_of=4)
-    assert sorted(s.sample_id for g in groups for s in g) == sorted(s.sample_id for s in samples)
-    for g in groups:
-        assert sum(-(-s.length // 4) * 4 for s in g) <= 512
-    again = select_samples_to_pack(samples, capacity=512, pad_to_multiple_of=4)
-    assert [[s.sample_id for s in g] for g in again] == [[s.sample_id for s in g] for g in groups]
-    row = pack_selected_samples(groups[0], pad_token_id=0, pad_to_multiple_of=4)
-    row.validate(capacity=512)
-    assert row.sample_ids == [s.sample_id for s in groups[0]]
-    with pytest.raises(ValueError, match="sample_id 's3'"):
-        select_samples_to_pack(samples, capacity=380)
-    kept = select_samples_to_pack(samples, capacity=380, overlength="drop")
-    assert "s3" not in {s.sample_id for g in kept for s in g}
 
 
 # ------------------------------------------------------------------------------------ new process + StatefulDataLoader
