@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seqpack.algorithms import pack_lengths
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.packed import build_packed_sequence
 
 
@@ -67,7 +67,7 @@ def test_build_packed_sequence_accepts_mappings_like_samples():
 
 def test_build_packed_sequence_bad_samples_raise_named_errors():
     ids = [1, 2, 3, 4]
-    with pytest.raises(TypeError, match="position 1 is a str; expected seqpack.data.sample.Sample objects or "
+    with pytest.raises(TypeError, match="position 1 is a str; expected seqpack.sample.Sample objects or "
                                         "mappings with 'input_ids' and 'labels'"):
         build_packed_sequence([{"input_ids": ids, "labels": _shifted(ids)}, "oops"], pad_token_id=0)
     with pytest.raises(TypeError, match="got a single dict; wrap it in a list"):

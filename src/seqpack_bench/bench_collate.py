@@ -34,7 +34,7 @@ VOCAB = 151_936
 
 
 def _samples_for_rows(rows: int = 8, T: int = 4096, seed: int = 0):
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
 
     rng = np.random.default_rng(seed)
     packs = []

@@ -215,7 +215,7 @@ def bench_rows(n: int, echo: Echo) -> dict:
     """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost.
 
     Returns ``{"samples", "rows", "samples_per_s", "rows_per_s", "state_dict_us"}``."""
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
     from seqpack.stream import StreamingPacker
 
     cap = 4096

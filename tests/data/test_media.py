@@ -18,7 +18,7 @@ from seqpack.data.media import (
     open_image,
     prepare_multimodal,
 )
-from seqpack.data.sample import IGNORE_INDEX, Sample, shift_labels
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
 
 SMALL = {"max_pixels": 64 * 28 * 28, "min_pixels": 4 * 28 * 28}  # keeps image runs short and tests fast
 

@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.data.sample import IGNORE_INDEX, Sample, SampleRecord, shift_labels
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
+
+from seqpack.accounting import SampleRecord
 from seqpack.io import (
     COLUMNS,
     FORMAT_VERSION,

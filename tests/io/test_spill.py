@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.data.sample import IGNORE_INDEX, Sample
+from seqpack.sample import IGNORE_INDEX, Sample
 from seqpack.io.spill import SampleSpill
 
 

@@ -256,7 +256,7 @@ def test_offline_media_cli_real_file(shared_data, tmp_path):
 
 def test_offline_media_writer_refuses_unexpanded_images(tmp_path):
     """A row whose images have no grid (placeholders never expanded) is refused, not written wrong."""
-    from seqpack.data.sample import Sample, shift_labels
+    from seqpack.sample import Sample, shift_labels
     from seqpack.io import PackedMetadata
     from seqpack.packed import build_packed_sequence
 

@@ -277,7 +277,7 @@ def test_real_data_trained_tokens_are_exactly_the_assistant_turns(real_pack, sha
 
 
 def test_build_metadata_statistics_by_hand():
-    from seqpack.data.sample import PrepareReport, SampleRecord
+    from seqpack.accounting import PrepareReport, SampleRecord
     from seqpack.pipeline import build_metadata
 
     rep = PrepareReport(records_read=4, entries=[SampleRecord("r:3", "r", 3, "dropped", "overlength")])

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.packed import build_packed_sequence
 from seqpack.pipeline import PackConfigError, pack_dataset, sample_data_path
 

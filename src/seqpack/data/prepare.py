@@ -11,7 +11,8 @@ from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers, encode_texts, 
 from seqpack.data.formats import FORMATS, normalize_record
 from seqpack.data.length_policy import OVERLENGTH_POLICIES, apply_overlength
 from seqpack.data.records import Conversation, DataFormatError, RawRecord
-from seqpack.data.sample import PrepareReport, Sample, SampleRecord
+from seqpack.sample import Sample
+from seqpack.accounting import PrepareReport, SampleRecord
 from seqpack.data.sources import InMemoryRecords, dataset_name, expand_inputs, is_dataset, iter_records
 from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from seqpack.data.sample import IGNORE_INDEX, Sample
+from seqpack.sample import IGNORE_INDEX, Sample
 
 __all__ = ["SampleSpill"]
 
@@ -33,7 +33,7 @@ _DTYPE = np.dtype("<i4")
 
 
 class SampleSpill:
-    """Append-only on-disk store of :class:`~seqpack.data.sample.Sample` objects.
+    """Append-only on-disk store of :class:`~seqpack.sample.Sample` objects.
 
     Args:
         directory: folder for the two token files (created; must not hold them already). Use a

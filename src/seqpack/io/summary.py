@@ -1,6 +1,6 @@
 """Summary of a packed dataset for people (``seqpack pack`` / ``seqpack inspect``): the summary rows built
 from its metadata, and the ``report.png`` plot (the per-record accounting is ``report.jsonl``, written by
-``seqpack.io.writer``; the in-memory one is ``seqpack.data.sample.PrepareReport``).
+``seqpack.io.writer``; the in-memory one is ``seqpack.accounting.PrepareReport``).
 
 ``report.png`` has two panels: the histogram of real sample (segment) lengths and the histogram of pack
 fill (real tokens / ``seq_length``). Drawn with matplotlib's Agg canvas directly (no ``pyplot``, no

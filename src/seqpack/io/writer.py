@@ -326,7 +326,7 @@ def write_packed(
         rows: :class:`~seqpack.packed.PackedSequence` rows (any iterable; consumed once).
         output: target directory.
         metadata: filled-in :class:`PackedMetadata` (shards/columns/num_packs are set here).
-        report_entries: :class:`~seqpack.data.sample.SampleRecord` (or dicts) for ``report.jsonl``.
+        report_entries: :class:`~seqpack.accounting.SampleRecord` (or dicts) for ``report.jsonl``.
         overwrite: replace an existing seqpack dataset.
 
     Raises:

@@ -177,7 +177,7 @@ def join_rows(rows: Sequence[PackedSequence]) -> PackedSequence:
     )
 
 
-_SAMPLE_HINT = ("expected seqpack.data.sample.Sample objects or mappings with 'input_ids' and 'labels' "
+_SAMPLE_HINT = ("expected seqpack.sample.Sample objects or mappings with 'input_ids' and 'labels' "
                 "(labels shifted within the sample: labels[t] = input_ids[t+1] or -100) and an optional "
                 "'sample_id'")
 

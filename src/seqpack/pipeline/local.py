@@ -36,7 +36,7 @@ class PackResult:
     Attributes:
         output: the dataset directory.
         metadata: the written :class:`~seqpack.io.PackedMetadata` (counts, efficiency, fingerprint...).
-        report: the :class:`~seqpack.data.sample.PrepareReport` (every dropped/truncated record).
+        report: the :class:`~seqpack.accounting.PrepareReport` (every dropped/truncated record).
         plan: the :class:`~seqpack.algorithms.PackingPlan`.
         timings_s: wall seconds per stage (``prepare``, ``plan``, ``write``, ``total``).
     """

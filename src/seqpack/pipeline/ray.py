@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from seqpack.algorithms import PackingPlan
-from seqpack.data.sample import Sample
+from seqpack.sample import Sample
 from seqpack.io.fingerprint import describe_input
 from seqpack.pipeline import stages
 from seqpack.pipeline.job import PackConfigError, PackJob

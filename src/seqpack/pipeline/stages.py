@@ -20,7 +20,7 @@ import seqpack.data as data
 import seqpack.packed as packed
 from seqpack.data.media.expand import apply_length_policy
 from seqpack.data.prepare import UNLIMITED, display_names, rename_source
-from seqpack.data.sample import PrepareReport
+from seqpack.accounting import PrepareReport
 from seqpack.data.sources import InMemoryRecords
 from seqpack.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from seqpack.io.writer import PackedWriter
@@ -183,7 +183,7 @@ class PrepareTotals:
         self.sources |= p.sources
 
     def finish(self) -> PrepareReport:
-        """The job's :class:`~seqpack.data.sample.PrepareReport` (call once)."""
+        """The job's :class:`~seqpack.accounting.PrepareReport` (call once)."""
         self.report.entries.extend(self.policy_entries)
         self.policy_entries = []
         return self.report

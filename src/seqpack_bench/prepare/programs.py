@@ -151,7 +151,7 @@ def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_di
 
     Returns:
         ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s", "report",
-        "report_examples"}``: ``report`` = the :class:`~seqpack.data.sample.PrepareReport` counts
+        "report_examples"}``: ``report`` = the :class:`~seqpack.accounting.PrepareReport` counts
         ``{status: {reason: count}}`` (records dropped, skipped, truncated...), ``report_examples`` =
         up to 3 dropped/skipped records (``sample_id``, ``reason``, ``detail``).
 

@@ -20,7 +20,7 @@ def synthetic_samples(n: int, *, vocab_size: int, seed: int = 0, median: float =
     The first ``prompt_fraction`` of each sample is untrained (labels -100), the rest is trained
     (shifted labels, ``Sample`` contract). Token ids are uniform in ``[1, vocab_size)``.
     """
-    from seqpack.data.sample import Sample, shift_labels
+    from seqpack.sample import Sample, shift_labels
 
     rng = np.random.default_rng(seed)
     lens = np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 2, max_length).astype(np.int64)

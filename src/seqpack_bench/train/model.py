@@ -73,7 +73,7 @@ def compact_vocabulary(samples: Sequence[Any], pad_token_id: int) -> tuple[list[
     Returns:
         ``(new samples, V, new pad id)``; labels keep -100, other labels are remapped like ids.
     """
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
 
     used = np.unique(np.concatenate([np.asarray(s.input_ids, np.int64) for s in samples]
                                     + [np.asarray(s.labels, np.int64)[np.asarray(s.labels) >= 0] for s in samples]

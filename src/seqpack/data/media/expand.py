@@ -21,7 +21,8 @@ from seqpack.data.length_policy import OverlengthError, apply_overlength, traina
 from seqpack.data.media.images import load_image_processor
 from seqpack.data.media.placeholders import _record, expand_image_placeholders
 from seqpack.data.prepare import UNLIMITED, prepare
-from seqpack.data.sample import PrepareReport, Sample, SampleRecord
+from seqpack.sample import Sample
+from seqpack.accounting import PrepareReport, SampleRecord
 
 __all__ = ["apply_length_policy", "expand_samples", "prepare_multimodal"]
 

@@ -2,7 +2,7 @@
 ``<|image_pad|>`` + ``<|vision_end|>``, n = prod(image_grid_thw) // merge_size**2) and attach pixels,
 M-RoPE positions and the over-length policy (``seqpack.data.length_policy.image_cut``).
 
-Labels stay shifted per sample (``seqpack.data.sample``); image tokens are never targets. The whole
+Labels stay shifted per sample (``seqpack.sample``); image tokens are never targets. The whole
 picture (BPE-merged placeholders, already-expanded runs, pixels, positions): ``docs/notes/media.md``.
 """
 
@@ -18,7 +18,8 @@ from seqpack.data.length_policy import check_overlength, image_cut, trainable_ma
 from seqpack.data.media.images import load_image_processor, num_image_tokens, process_images
 from seqpack.packed.mrope import mrope_position_ids
 from seqpack.data.records import IMAGE_PLACEHOLDER
-from seqpack.data.sample import IGNORE_INDEX, Sample, SampleRecord, shift_labels
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
+from seqpack.accounting import SampleRecord
 
 __all__ = ["VisionTokens", "expand_image_placeholders"]
 
@@ -194,7 +195,7 @@ def expand_image_placeholders(
         ``(sample, record)``: the expanded :class:`Sample` (``media`` = ``{"images",
         "pixel_values" float32 [P, D], "image_grid_thw" int64 [k, 3]}``; text-only samples are
         returned unchanged) or ``None`` when dropped; ``record`` is a
-        :class:`~seqpack.data.sample.SampleRecord` for a dropped or truncated sample, else ``None``.
+        :class:`~seqpack.accounting.SampleRecord` for a dropped or truncated sample, else ``None``.
 
     Raises:
         ValueError: placeholder count != image count, unknown policy, over-length under
