@@ -88,7 +88,7 @@ def test_recipe_lists_names_and_prints_yaml():
 def test_B23_validate_checks_stored_packed_data(tmp_path):
     import numpy as np
 
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
     from seqpack.io import write_packed
     from seqpack.io.metadata import PackedMetadata
     from seqpack.packed import build_packed_sequence
@@ -150,7 +150,7 @@ def test_B23_readme_flow_pack_then_validate_recipe_with_packed_dir(tmp_path):
 def test_validate_packed_dir_argument_overrides_and_conflicts(tmp_path):
     import numpy as np
 
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
     from seqpack.io import write_packed
     from seqpack.io.metadata import PackedMetadata
     from seqpack.packed import build_packed_sequence

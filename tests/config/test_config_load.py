@@ -168,7 +168,7 @@ def test_packed_data_expectations_values_and_keys():
 
 
 def _write_cp1_dataset(out):
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
     from seqpack.io import write_packed
     from seqpack.io.metadata import PackedMetadata
     from seqpack.packed import build_packed_sequence

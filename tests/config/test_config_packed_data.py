@@ -15,7 +15,7 @@ from seqpack.config.tokenizers import TOKENIZER_ALIASES, canonical_tokenizer_nam
 
 
 def _write(out: Path, **meta_kwargs) -> Path:
-    from seqpack.data.sample import Sample
+    from seqpack.sample import Sample
     from seqpack.io import write_packed
     from seqpack.io.metadata import PackedMetadata
     from seqpack.packed import build_packed_sequence
@@ -117,7 +117,7 @@ def test_no_stored_tokenizer_is_a_note(tmp_path):
 
 
 def test_B23_contract_keys_stay_violations_and_user_multiple_is_a_note(tmp_path):
-    from seqpack.data.tokenize import TRAIN_ON
+    from seqpack.data import TRAIN_ON
     from seqpack.config.options import TRAIN_ON_VALUES
 
     assert TRAIN_ON_VALUES == TRAIN_ON

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.data.sample import IGNORE_INDEX, Sample
+from seqpack.sample import IGNORE_INDEX, Sample
 
 
 def lognormal_lengths(n, cap, seed=0):

@@ -9,14 +9,15 @@ Public API::
 Layout: ``sources`` (reading files and datasets) -> ``formats`` (one normaliser per record format) ->
 ``chat_template`` (rendering + assistant-only mask) -> ``length_policy`` (the over-length policy, text
 and images) -> ``prepare``; ``tokenizer`` loads tokenizers; ``media`` handles image-text samples;
-``sample`` is the ``Sample`` / label contract.
+the ``Sample`` / label contract is ``seqpack.sample`` (re-exported here).
 """
 
 from .chat_template import TRAIN_ON, TemplateMarkers, encode_texts, render_conversation
 from .formats import FORMATS, Conversation, DataFormatError, detect_format, normalize_record
 from .length_policy import OVERLENGTH_POLICIES, OverlengthError, apply_overlength
 from .prepare import prepare
-from .sample import IGNORE_INDEX, PrepareReport, Sample, SampleRecord, shift_labels
+from seqpack.accounting import PrepareReport, SampleRecord
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
 from .tokenizer import TokenizerError, load_tokenizer, tokenizer_fingerprint
 
 __all__ = [

@@ -49,7 +49,7 @@ RunAlgorithm = Callable[[np.ndarray, int, int, int], list[np.ndarray]]
 def sample_length(item: Any) -> int:
     """Packing cost (tokens) of one item before pad rounding.
 
-    Accepts an ``int`` (length-only items), a :class:`~seqpack.data.sample.Sample` (``.length``), an
+    Accepts an ``int`` (length-only items), a :class:`~seqpack.sample.Sample` (``.length``), an
     object or dict with ``input_ids`` or ``length``, or anything with ``len()``.
 
     Raises:
@@ -205,13 +205,13 @@ def pack_selected_samples(
 ) -> PackedSequence:
     """Build one packed row from a selected group (Megatron-Energon's ``pack_selected_samples``).
 
-    Thin wrapper over :func:`seqpack.packed.build_packed_sequence` (which fills
-    ``PackedSequence.media`` with each segment's ``Sample.media``, in segment order) that, for
-    image-text segments from :mod:`seqpack.data.media`, adds
-    ``extra["mrope_position_ids"]`` (int64 ``[3, T]``, M-RoPE positions restarting per segment).
+    The streaming side of the one row builder, :func:`seqpack.packed.build_packed_sequence`: it fills
+    ``PackedSequence.media`` with each segment's ``Sample.media``, in segment order, and for
+    image-text segments adds ``extra["mrope_position_ids"]`` (int64 ``[3, T]``, M-RoPE positions
+    restarting per segment).
 
     Args:
-        samples: :class:`~seqpack.data.sample.Sample` objects, in pack order.
+        samples: :class:`~seqpack.sample.Sample` objects, in pack order.
         pad_token_id: id written into alignment/tail padding.
         pad_to_multiple_of: per-segment physical length multiple.
         seq_length: row width ``T`` when ``pad_to_max_length`` (else the padded total).
@@ -224,17 +224,10 @@ def pack_selected_samples(
         ValueError, TypeError: from :func:`~seqpack.packed.build_packed_sequence` (bad pad id,
             segments that do not fit ``seq_length``).
     """
-    packed = build_packed_sequence(
+    return build_packed_sequence(
         list(samples),
         pad_to_multiple_of=pad_to_multiple_of,
         pad_token_id=pad_token_id,
         seq_length=seq_length,
         pad_to_max_length=pad_to_max_length,
     )
-    if packed.media is not None:
-        from seqpack.data.media import packed_mrope_position_ids
-
-        mrope = packed_mrope_position_ids(packed.media, packed.cu_seqlens, packed.cu_seqlens_padded)
-        if mrope is not None:
-            packed.extra["mrope_position_ids"] = mrope
-    return packed

@@ -78,7 +78,7 @@ class StreamingPacker(IterableDataset):
 
     Args:
         source: map-style dataset (``__len__`` + ``__getitem__``; a numpy array of lengths works)
-            or any iterable of samples. Items are :class:`~seqpack.data.sample.Sample` objects, or
+            or any iterable of samples. Items are :class:`~seqpack.sample.Sample` objects, or
             anything ``length_fn`` understands (ints for length-only runs).
         capacity: tokens per pack (``seq_length`` of the packed rows), divisible by
             ``pad_to_multiple_of``.
