@@ -40,7 +40,7 @@ __all__ = [
 
 #: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
 _SUBMODULES = {
-    "accounting", "adapters", "algorithms", "collate", "config", "data", "engines", "hf", "interop",
+    "accounting", "adapters", "algorithms", "collate", "config", "data", "hf", "interop",
     "io", "loss", "moe", "mtp", "packed", "padding", "parallel", "pipeline", "sample", "stream",
 }
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.cli.app import app
+from seqpack.config.errors import case_label
 from seqpack.config import (
     ConfigValidationError,
     PackingConfig,
@@ -107,6 +108,8 @@ def validate_cmd(
         rule = v.rule + (f"\n(case {v.case})" if v.case else "")
         table.add_row(str(i), escape(rule), escape("\n".join(v.keys)), escape(v.problem), escape(v.fix))
     console.print(table)
+    for case in sorted({v.case for v in violations if v.case}):
+        console.print(escape(f"{case_label(case)} (docs/cases.md)"), highlight=False)
     _print_notes(console, notes)
     raise typer.Exit(1)
 

@@ -5,7 +5,25 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-__all__ = ["ConfigValidationError", "Violation"]
+__all__ = ["CASES", "ConfigValidationError", "Violation", "case_label"]
+
+#: The public failure cases the setup-time rules prevent, one line each (the full glossary, with the
+#: public reports behind each code, is ``docs/cases.md``).
+CASES: dict[str, str] = {
+    "B01": "packed samples attend to each other when a 2-D attention_mask hides the boundaries",
+    "B02": "context-parallel attention without boundaries rotates K/V across documents",
+    "B23": "CP needs every segment padded to 2*CP; seq_length must divide, stored data must match",
+    "B24": "planner and row builder must use one pad multiple, or packs overflow",
+    "B28": "loss normalised per micro-batch instead of by the global loss-token count",
+}
+
+
+def case_label(case: str | None) -> str:
+    """``"case B23: <what it means>"`` for a known code, ``"case <code>"`` otherwise, ``""`` for None."""
+    if not case:
+        return ""
+    meaning = CASES.get(case)
+    return f"case {case}: {meaning}" if meaning else f"case {case}"
 
 
 @dataclass(frozen=True)
@@ -34,7 +52,7 @@ class Violation:
 
     def format(self) -> str:
         """One human-readable paragraph."""
-        case = f" (case {self.case})" if self.case else ""
+        case = f" ({case_label(self.case)})" if self.case else ""
         return f"[{self.rule}]{case} keys: {', '.join(self.keys)}\n    problem: {self.problem}\n    fix: {self.fix}"
 
 

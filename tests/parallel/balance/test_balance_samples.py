@@ -80,7 +80,7 @@ def test_property_balance_batch_every_sample_once(lengths, dp, seed):
 
 
 def _sft_mix(n, cap, seed):
-    """70% chat-like (median 300 tokens) + 30% document-like (median 2000), as benchmarks/bench_balance.py."""
+    """70% chat-like (median 300 tokens) + 30% document-like (median 2000), as seqpack_bench.bench_balance."""
     rng = np.random.default_rng(seed)
     short = rng.lognormal(np.log(300), 0.8, n)
     long = rng.lognormal(np.log(2000), 0.7, n)

@@ -119,7 +119,7 @@ def balance_samples(
     ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
     tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
 
-    Limits (measured in ``benchmarks/bench_balance.py``): with one micro-batch per rank and packs
+    Limits (measured in ``python -m seqpack_bench.bench_balance``): with one micro-batch per rank and packs
     that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move can
     even the step unless short enough samples exist; the cost goal can be provably out of reach
     (:func:`cost_ratio_lower_bound`).

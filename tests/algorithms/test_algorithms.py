@@ -302,7 +302,7 @@ def test_B14_one_million_gamma_lengths_complete():
 
 
 # ------------------------------------------------------------------------------------------------
-# quality targets on small instances (the full-size figures are in benchmarks/bench_algorithms.py)
+# quality targets on small instances (the full-size figures are in seqpack_bench.bench_algorithms)
 # ------------------------------------------------------------------------------------------------
 def test_default_lognormal_bins_and_balance():
     x = lognormal(50_000)
