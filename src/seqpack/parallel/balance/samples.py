@@ -11,6 +11,7 @@ import numpy as np
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
 from seqpack.padding import check_seq_length, round_up
 from seqpack.parallel.balance.cost import pack_costs
+from seqpack.parallel.balance.bands import band_then_level
 from seqpack.parallel.balance.leveling import level, pack_then_level
 from seqpack.parallel.balance.packs import balance_packs, check_formation
 from seqpack.parallel.balance.schedule import FILLER, BalancePlan, SampleBalancePlan, check_count, sort_ranks_by_cost
@@ -59,6 +60,9 @@ def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
     return SampleBalancePlan(bins=bins, schedule=sched, lengths=padded, capacity=int(capacity),
                              pad_to_multiple_of=int(pad), extra_packs=int(extra), method=method)
 
+
+#: Inputs up to this many samples also try the local-search starts when the band schedule misses a goal.
+SEARCH_MAX_SAMPLES = 4096
 
 _SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, then sample-level "
                   "local search (moves/swaps between a step's ranks, and length-matched swaps with other steps)")
@@ -166,27 +170,38 @@ def balance_samples(
     p_ext = -(-p // dp) * dp
     if sand_fractions is None:
         sand_fractions = (0.0, 0.1)
-    # "pool" (sand value -1: full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs)
-    variants = [(True, -1.0, formation), (True, -2.0, formation)]
-    variants += [(True, float(f), formation) for f in sand_fractions]
+    # None: the band schedule; then (small inputs only) the local-search starts: "pool" (sand value -1:
+    # full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs) and "sand"
+    search = [(True, -1.0, formation), (True, -2.0, formation)] + [(True, float(f), formation) for f in sand_fractions]
     if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
-        variants.append((False, 0.0, "auto"))
+        search.append((False, 0.0, "auto"))
     # steps grouped by token deficit (equal-length long samples together): tokens even, cost may suffer
-    variants.append((False, 0.0, "deficit"))
+    search.append((False, 0.0, "deficit"))
+    variants = [(True, None, formation)]
     best = None
-    for with_extra, frac, form in variants:
+    while variants:
+        with_extra, frac, form = variants.pop(0)
+        if frac is None and padded.size <= SEARCH_MAX_SAMPLES:  # small inputs: the local-search starts next
+            variants, search = variants + search, []
         extra = p_ext - p if with_extra else 0
-        got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
-                              seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
-                              form)
+        if frac is None:
+            got = band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, token_tolerance,
+                                  cost_tolerance, stop_score, max_iter, cross_iters, form)
+            what = "band schedule: loads evened by length-matched swaps, packs in cost bands"
+        else:
+            got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
+                                  seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter,
+                                  cross_iters, form)
+            what = (f"sand {frac:g} of tokens re-poured" if frac > 0 else "as packed") if frac >= 0 else \
+                "full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
+                                                                         else "")
         if got is None:
+            if best is None and not variants:
+                variants, search = search, []
             continue
         new_bins, new_grids = got
-        what = {True: f", sand {frac:g} of tokens re-poured", False: ""}[frac > 0] if frac >= 0 else \
-            ", full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
-                                                                       else "")
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
-                       _SAMPLE_METHOD + f" ({form} formation{what}, {extra} extra packs)")
+                       _SAMPLE_METHOD + f" ({form} formation, {what}, {extra} extra packs)")
         st = plan.stats()
         tp = st["token_spread_max"] / token_tolerance
         cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance
