@@ -20,7 +20,7 @@ import numpy as np
 
 from seqpack.parallel.balance import _band_kernels as BK
 from seqpack.parallel.balance import _kernels as K
-from seqpack.parallel.balance.cost import score_parts, step_figures
+from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
 from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner, order_steps, step_shape
 
@@ -169,8 +169,7 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
         return None
     new_bins, grids = got
     units = (padded // pad).astype(np.float64)
-    tok = np.array([units[b].sum() for b in new_bins])
-    cost = np.array([np.square(units[b]).sum() for b in new_bins])
+    tok, cost = pack_sums(new_bins, units), pack_sums(new_bins, units ** 2)
     tl = np.stack([np.where(gr == FILLER, 0.0, tok[gr]).sum(1) for gr in grids])
     cl = np.stack([np.where(gr == FILLER, 0.0, cost[gr]).sum(1) for gr in grids])
     spread, ratio = step_figures(tl, cl)

@@ -10,7 +10,7 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
 from seqpack.padding import check_seq_length, round_up
-from seqpack.parallel.balance.cost import pack_costs
+from seqpack.parallel.balance.cost import pack_costs, pack_sums
 from seqpack.parallel.balance.bands import band_then_level
 from seqpack.parallel.balance.leveling import level, pack_then_level
 from seqpack.parallel.balance.packs import balance_packs, check_formation
@@ -51,7 +51,7 @@ def _initial_packs(padded, capacity, pad, algorithm, seed):
 
 
 def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
-    cost = np.array([float(np.sum(padded[b].astype(np.float64) ** 2)) for b in bins])
+    cost = pack_sums(bins, padded.astype(np.float64) ** 2)
     fillers = 0
     for g in grids:
         sort_ranks_by_cost(g, cost)
