@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from seqpack.parallel import BalancedBatchSampler  # noqa: E402
+from seqpack.parallel import BalancedBatchSampler
 
 CAP = 4096
 

@@ -5,7 +5,8 @@ The only module of :mod:`seqpack.parallel` that imports torch.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist

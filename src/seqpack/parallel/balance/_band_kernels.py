@@ -32,9 +32,9 @@ def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, s
 
     A pack below its band exchanges one of its samples for a sample ``d`` units longer (``d`` as large
     as the band allows, at most ``dlim``) held by any pack that does not leave its own band (or move
-    further out of it) by giving ``d`` units; a pack above its band, symmetrically. Candidates of one length are found through the length
-    index (``srt`` = sample ids by length, ``vstart[L]`` = first of length ``L``), ``kmax`` of them
-    tried from a seeded random offset. Swaps keep every pack's sample count; ``mem[mstart[p]:
+    further out of it) by giving ``d`` units; a pack above its band, symmetrically. Candidates of one
+    length are found through the length index (``srt`` = sample ids by length, ``vstart[L]`` = first
+    of length ``L``), ``kmax`` of them tried from a seeded random offset. Swaps keep every pack's sample count; ``mem[mstart[p]:
     mstart[p+1]]`` stays the member list of pack ``p``. Work: O(samples of ``todo`` x band width x
     ``kmax``). Returns the number of packs of ``todo`` still outside their band."""
     np.random.seed(seed)

@@ -2,16 +2,19 @@
 loads first, then steps cut from packs sorted by attention cost. Linear in the number of samples after
 packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
 
-1. **Even loads.** Every pack is brought within ``delta`` units of the capacity, ``delta`` being the
-   largest deficit that keeps any step's token spread below 0.9 x ``token_tolerance``: a pack short
-   of it swaps a sample for one a few units longer from any pack with room to give
-   (length-matched swaps found through a length index; attention cost moves by ``2 * len * d``).
-2. **Pool.** The extra empty packs (to make the pack count a multiple of ``dp_size``) and packs
-   that could not be evened pool their samples with the lowest-cost packs (short samples); these
-   are re-packed by LPT into as many packs with even loads, and evened around their mean the same way.
+1. **Pool.** The extra empty packs (to make the pack count a multiple of ``dp_size``) pool their
+   room with the lowest-cost packs (short samples), re-packed by LPT into as many packs.
+2. **Even loads.** Every pack is brought within ``delta`` units of the capacity (pool packs: of
+   their mean), ``delta`` being the largest deficit that keeps a step's token spread below 0.9 x
+   ``token_tolerance``: a pack short of it swaps a sample for one a few units longer from any pack
+   with room to give (length-matched swaps through a length index; attention cost moves by
+   ``2 * len * d``); a pack still short takes in a short sample whose old pack evens out by swaps.
 3. **Bands.** Packs in decreasing cost (``formation="deficit"``: by deficit class first) are cut
    into steps of ``dp_size * micro_batches``; each step's packs are dealt to ranks by vector LPT.
    Packs of a band hold about the same cost, so the cost max/mean of a step is close to 1.
+   "Rigid" packs (one sample, or not evened) of a step must share one load window: a clashing one
+   trades places with a pack of about its cost in a later step, and the other packs of its step
+   move to its window by the same swaps.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from seqpack.parallel.balance import _band_kernels as BK
 from seqpack.parallel.balance import _kernels as K
 from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
-from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner, order_steps, step_shape
+from seqpack.parallel.balance.schedule import (
+    FILLER,
+    is_full,
+    members_by_owner,
+    order_steps,
+    step_shape,
+)
 
 _GUARD = 0.9  # the token spread aimed at, as a fraction of token_tolerance
 _KMAX = 16  # candidates tried per (sample, length) by the length-matched swaps
