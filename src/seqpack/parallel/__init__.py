@@ -7,9 +7,11 @@
 * data parallelism (:mod:`seqpack.parallel.balance`): :func:`balance_samples` (pack + schedule samples so
   every step's DP ranks get even tokens and attention cost), :func:`balance_batch` (in-batch),
   :func:`balance_packs` (fixed packs);
+* a torch batch sampler yielding each rank's balanced micro-batches:
+  :class:`~seqpack.parallel.sampler.BalancedBatchSampler` (imported on first use);
 * reference attention (torch): :mod:`seqpack.parallel.attention`, :mod:`seqpack.parallel.reference`.
 
-Importing this package needs numpy and numba only; the attention reference needs torch.
+Importing this package needs numpy and numba only; the sampler and the attention reference need torch.
 """
 
 from seqpack.padding import compute_pad_multiple, round_up  # noqa: F401  (re-export, not reimplemented)
@@ -57,4 +59,13 @@ __all__ = [
     "SampleBalancePlan",
     "cost_ratio_lower_bound",
     "round_robin_plan",
+    "BalancedBatchSampler",
 ]
+
+
+def __getattr__(name):
+    if name == "BalancedBatchSampler":  # torch only on first use
+        from seqpack.parallel.sampler import BalancedBatchSampler
+
+        return BalancedBatchSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

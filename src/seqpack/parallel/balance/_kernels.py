@@ -295,8 +295,10 @@ def _level_step(mem, pids, units, cs, pack_of, pack_rank, pack_load, rt, rc, cap
 
 @njit(cache=True)
 def level_all(members, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_load, RT, RC, cap, tt, ct,
-               stop, max_iter):
+               stop, max_iter, active):
     for s in range(mstart.shape[0] - 1):  # budget grows with the step's sample count (empty packs to fill)
+        if not active[s]:
+            continue
         _level_step(members[mstart[s]:mstart[s + 1]], pack_ids[pstart[s]:pstart[s + 1]], units, cs, pack_of,
                     pack_rank, pack_load, RT[s], RC[s], cap, tt, ct, stop,
                     max_iter + min(2 * (mstart[s + 1] - mstart[s]), 200))
@@ -310,9 +312,9 @@ def _prio(tp, cp, stop):
 
 @njit(cache=True)
 def repair_cross(members, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step, pack_load,
-                  RT, RC, full, srt, vstart, cap, tt, ct, stop, budget, max_iter, seed):
-    """Min-max repair across steps: the worst full step swaps a sample with a near-equal-length sample
-    of another full step; the partner is re-leveled if needed and must end with token and cost parts
+                  RT, RC, full, srt, vstart, cap, tt, ct, stop, budget, max_iter, seed, active):
+    """Min-max repair across steps: the worst full ``active`` step swaps a sample with a near-equal-length
+    sample of another full step; the partner is re-leveled if needed and must end with token and cost parts
     <= max(old, 0.9) (else the swap is undone); then the worst step is re-leveled inside."""
     S = mstart.shape[0] - 1
     dp = RT.shape[1]
@@ -332,7 +334,7 @@ def repair_cross(members, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, 
         s = -1
         best = -1.0
         for k in range(S):
-            if full[k] and not stuck[k] and (TP[k] > stop or CP[k] > stop):
+            if full[k] and active[k] and not stuck[k] and (TP[k] > stop or CP[k] > stop):
                 v = _prio(TP[k], CP[k], stop)
                 if v > best:
                     best = v

@@ -41,9 +41,17 @@ def pack_costs(bins: Sequence[np.ndarray], lengths, pad_to_multiple_of: int = 1)
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     padded = round_up(lengths, pad_to_multiple_of).astype(np.float64)
-    tokens = np.array([int(lengths[b].sum()) for b in bins], dtype=np.int64)
-    cost = np.array([float(np.sum(padded[b] ** 2)) for b in bins], dtype=np.float64)
-    return tokens, cost
+    return pack_sums(bins, lengths).astype(np.int64), pack_sums(bins, padded ** 2)
+
+
+def pack_sums(bins: Sequence[np.ndarray], values: np.ndarray) -> np.ndarray:
+    """``values`` summed over each pack of ``bins`` (float64 [P]; an empty pack sums to 0)."""
+    if not len(bins):
+        return np.zeros(0, dtype=np.float64)
+    sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
+    idx = np.concatenate([np.asarray(b, dtype=np.int64) for b in bins])
+    owner = np.repeat(np.arange(len(bins)), sizes)
+    return np.bincount(owner, weights=np.asarray(values, dtype=np.float64)[idx], minlength=len(bins))
 
 
 def step_figures(tl: np.ndarray, cl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

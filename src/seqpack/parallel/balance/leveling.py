@@ -14,14 +14,16 @@ from seqpack.parallel.balance.packs import balance_packs
 from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner, order_steps
 
 
-def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed):
+def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed, active=None):
     """Sample-level leveling of a pack schedule: moves and swaps samples between packs, never above ``capacity``.
 
     ``bins``: packs (int64 sample indices, may be empty); ``grids``: step grids ``[dp, m]`` of pack ids;
     ``padded``: int64 [n] lengths rounded up to ``pad``. ``cross_iters``: budget of cross-step repairs;
-    None = ``4 * number of steps + 200``. Returns ``(bins, grids)`` with packs left empty dropped (their
-    slots become :data:`FILLER`)."""
-    cross_iters = 4 * len(grids) + 200 if cross_iters is None else int(cross_iters)
+    None = ``4 * number of steps + 200``. ``active``: bool [steps], the steps leveled and repaired (None =
+    all; the others are still partners of cross-step swaps). Returns ``(bins, grids)`` with packs left
+    empty dropped (their slots become :data:`FILLER`)."""
+    active = np.ones(len(grids), dtype=np.bool_) if active is None else np.asarray(active, dtype=np.bool_)
+    cross_iters = 4 * int(active.sum()) + 200 if cross_iters is None else int(cross_iters)
     n = padded.shape[0]
     units = (padded // pad).astype(np.int64)
     cs = units.astype(np.float64) ** 2
@@ -57,12 +59,13 @@ def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cr
                                                                                                            np.int64)
     full = np.array([g.shape[1] == mb for g in grids], dtype=np.bool_)
     K.level_all(order, mstart, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_load, RT, RC, cap_u, tt, ct,
-                stop, max_iter)
+                stop, max_iter, active)
     if cross_iters > 0 and int(full.sum()) > 1:
         srt = np.argsort(units, kind="stable").astype(np.int64)
         vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
         K.repair_cross(order, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step,
-                       pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed)
+                       pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed,
+                       active)
     # rebuild bins (drop packs left empty -> fillers) and grids
     new_id = np.full(npk, FILLER, dtype=np.int64)
     new_bins: list[np.ndarray] = []

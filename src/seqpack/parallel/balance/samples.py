@@ -10,7 +10,8 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
 from seqpack.padding import check_seq_length, round_up
-from seqpack.parallel.balance.cost import pack_costs
+from seqpack.parallel.balance.cost import pack_costs, pack_sums
+from seqpack.parallel.balance.bands import band_then_level
 from seqpack.parallel.balance.leveling import level, pack_then_level
 from seqpack.parallel.balance.packs import balance_packs, check_formation
 from seqpack.parallel.balance.schedule import FILLER, BalancePlan, SampleBalancePlan, check_count, sort_ranks_by_cost
@@ -50,7 +51,7 @@ def _initial_packs(padded, capacity, pad, algorithm, seed):
 
 
 def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
-    cost = np.array([float(np.sum(padded[b].astype(np.float64) ** 2)) for b in bins])
+    cost = pack_sums(bins, padded.astype(np.float64) ** 2)
     fillers = 0
     for g in grids:
         sort_ranks_by_cost(g, cost)
@@ -60,8 +61,11 @@ def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
                              pad_to_multiple_of=int(pad), extra_packs=int(extra), method=method)
 
 
-_SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, then sample-level "
-                  "local search (moves/swaps between a step's ranks, and length-matched swaps with other steps)")
+#: Inputs up to this many samples also try the local-search starts when the band schedule misses a goal.
+SEARCH_MAX_SAMPLES = 4096
+
+_SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, sample-level leveling "
+                  "(length-matched swaps between packs, moves/swaps between a step's ranks)")
 
 
 def balance_samples(
@@ -87,42 +91,44 @@ def balance_samples(
 
     Balancing whole pre-built packs (:func:`~seqpack.parallel.balance.balance_packs`) cannot even out a
     step whose packs differ by a few tokens (at 8 ranks x 1 micro-batch of 4096 tokens, 0.1 % is 4
-    tokens); this works on samples. Method (numpy + numba):
+    tokens); this works on samples. Method (numpy + numba, linear in the samples after packing):
 
     1. **Pack.** :func:`seqpack.algorithms.pack_lengths` (default: balanced best fit) gives ``P``
-       packs; ``P`` is rounded up to a multiple of ``dp_size`` with empty packs (at most one extra
-       pack per rank), so every step has ``dp_size * m`` micro-batches.
-    2. **Form steps and assign ranks** with :func:`~seqpack.parallel.balance.balance_packs` (cost-sorted
-       step bands, Graham's LPT rule (1969) in vector form over tokens and cost, min-max swap repair).
-       Three candidate starts are built and the best kept (fewest goals missed, then least excess): (a)
-       "pool": packs already within ``stop_score * token_tolerance`` of the capacity are scheduled among
-       themselves, all other samples (and the extra packs) are re-packed into as many packs with even
-       loads (long samples topped up by best fit, the rest by LPT) so the slack is spread over many
-       steps; (b) the packs as packed; (c) "sand": the shortest samples (``sand_fractions`` of the
-       tokens) are lifted out, the rest scheduled, and the sand poured back where a step's ranks are
-       lowest. When none of these meets both goals, a variant without extra packs (remainder step with
-       filler slots) and one with steps grouped by token deficit (long samples of equal length together)
-       are tried too.
-    3. **Level samples inside each step** (local search, best improvement): move one sample to
+       packs; ``P`` is rounded up to a multiple of ``dp_size`` with extra packs (at most one per rank).
+    2. **Band schedule** (:mod:`~seqpack.parallel.balance.bands`): the extra packs pool their room with
+       the lowest-cost packs (re-packed by LPT into even loads); every pack is brought within a few
+       tokens of the capacity (pool: of the pool's mean) by length-matched sample swaps between packs
+       (a length index finds a sample ``d`` tokens longer in a pack with room to give); packs in
+       decreasing attention cost are cut into steps of ``dp_size * micro_batches`` and dealt to ranks
+       by vector LPT (Graham 1969). One-sample packs that cannot be evened share steps with packs of
+       their load. Steps still off target (token spread above ``token_tolerance`` or cost max/mean
+       above ``1 + cost_tolerance``) are then leveled sample by sample (step 3, 4 on those steps only).
+    3. **Level samples inside a step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
        the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
        lexicographic: token spread down to 0.9 x ``token_tolerance`` first, then cost max/mean down
        to ``1 + stop_score * cost_tolerance``, then tokens further, then summed squared deviations.
     4. **Cross-step repair** (min-max local search): the worst step swaps one sample with a sample
-       of another full step whose length differs by at most the step's spread (<= 64 tokens, found
-       through a length index); the partner must stay within max(its old figures, 0.9 x target),
-       re-leveled if needed, else the swap is undone. A swap keeps each step's sample count, and
-       every sample stays scheduled exactly once.
+       of another full step whose length differs by at most the step's spread (<= 64 tokens); the
+       partner must stay within max(its old figures, 0.9 x target), re-leveled if needed, else the
+       swap is undone.
+    5. **Small inputs** (at most :data:`SEARCH_MAX_SAMPLES` samples): when the band schedule misses a
+       goal, the local-search starts are tried too and the best plan kept: "pool" (packs within
+       ``stop_score * token_tolerance`` of the capacity apart, the rest re-packed evenly), the packs
+       as packed, "sand" (the shortest samples, ``sand_fractions`` of the tokens, lifted out and
+       poured back where a step's ranks are lowest), no extra packs, and steps grouped by token
+       deficit; each formed by :func:`~seqpack.parallel.balance.balance_packs` and leveled (3, 4).
 
     Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
     is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
     ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
     tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
 
-    Limits (measured in ``python -m seqpack_bench.bench_balance``): with one micro-batch per rank and packs
-    that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move can
-    even the step unless short enough samples exist; the cost goal can be provably out of reach
-    (:func:`cost_ratio_lower_bound`).
+    Limits (measured with ``python -m seqpack_bench.bench_balance``): with one micro-batch per rank
+    and packs that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move
+    can even the step unless short enough samples exist (100k lognormal samples at capacity 4096, dp 8: a few steps of 4077-4095-token documents stay at
+    up to 0.37 % token spread with one micro-batch; with four, all steps are within 0.1 %); the cost
+    goal can be provably out of reach (:func:`cost_ratio_lower_bound`).
 
     Args:
         lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.
@@ -135,11 +141,15 @@ def balance_samples(
         seed: seed for packing, the step order and the repair's random choices.
         shuffle_steps: shuffle steps (the remainder step stays last).
         token_tolerance, cost_tolerance: scales of the step score (targets: 0.1 %, 1.05).
-        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target).
-        max_iter: best-improvement iterations per step and leveling call.
-        cross_iters: budget of cross-step repairs (None = ``4 * number of steps + 200``; 0 disables).
-        sand_fractions: token fractions tried for the "sand" candidates (None = ``(0.0, 0.1)``).
-        formation: step formation of :func:`~seqpack.parallel.balance.balance_packs` for the main candidates.
+        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target);
+            in the band schedule it only applies to the steps leveled (those off target).
+        max_iter: best-improvement iterations per step and leveling call (steps 3, 4).
+        cross_iters: budget of cross-step repairs (None = ``4 * steps leveled + 200``: the band
+            schedule levels its off-target steps only, the local-search starts all steps; 0 disables).
+        sand_fractions: token fractions tried for the "sand" starts (None = ``(0.0, 0.1)``); used only on
+            small inputs whose band schedule misses a goal (step 5).
+        formation: ``"cost"`` (bands in decreasing cost), ``"deficit"`` (by token-deficit class first) or
+            ``"auto"`` (both, the better kept) for the band schedule and the local-search starts.
         prefer: how the best candidate is chosen: ``"goals"`` (default) = fewest goals missed
             (token spread <= ``token_tolerance``, cost max/mean <= 1 + ``cost_tolerance`` on the worst
             full step), then least summed excess; ``"excess"`` = least summed excess
@@ -166,27 +176,38 @@ def balance_samples(
     p_ext = -(-p // dp) * dp
     if sand_fractions is None:
         sand_fractions = (0.0, 0.1)
-    # "pool" (sand value -1: full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs)
-    variants = [(True, -1.0, formation), (True, -2.0, formation)]
-    variants += [(True, float(f), formation) for f in sand_fractions]
+    # None: the band schedule; then (small inputs only) the local-search starts: "pool" (sand value -1:
+    # full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs) and "sand"
+    search = [(True, -1.0, formation), (True, -2.0, formation)] + [(True, float(f), formation) for f in sand_fractions]
     if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
-        variants.append((False, 0.0, "auto"))
+        search.append((False, 0.0, "auto"))
     # steps grouped by token deficit (equal-length long samples together): tokens even, cost may suffer
-    variants.append((False, 0.0, "deficit"))
+    search.append((False, 0.0, "deficit"))
+    variants = [(True, None, formation)]
     best = None
-    for with_extra, frac, form in variants:
+    while variants:
+        with_extra, frac, form = variants.pop(0)
+        if frac is None and padded.size <= SEARCH_MAX_SAMPLES:  # small inputs: the local-search starts next
+            variants, search = variants + search, []
         extra = p_ext - p if with_extra else 0
-        got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
-                              seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter, cross_iters,
-                              form)
+        if frac is None:
+            got = band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, token_tolerance,
+                                  cost_tolerance, stop_score, max_iter, cross_iters, form)
+            what = "band schedule: loads evened by length-matched swaps, packs in cost bands"
+        else:
+            got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
+                                  seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter,
+                                  cross_iters, form)
+            what = (f"sand {frac:g} of tokens re-poured" if frac > 0 else "as packed") if frac >= 0 else \
+                "full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
+                                                                         else "")
         if got is None:
+            if best is None and not variants:
+                variants, search = search, []
             continue
         new_bins, new_grids = got
-        what = {True: f", sand {frac:g} of tokens re-poured", False: ""}[frac > 0] if frac >= 0 else \
-            ", full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
-                                                                       else "")
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
-                       _SAMPLE_METHOD + f" ({form} formation{what}, {extra} extra packs)")
+                       _SAMPLE_METHOD + f" ({form} formation, {what}, {extra} extra packs)")
         st = plan.stats()
         tp = st["token_spread_max"] / token_tolerance
         cp = (st["cost_max_over_mean_worst"] - 1.0) / cost_tolerance

@@ -223,4 +223,5 @@ def sort_ranks_by_cost(grid: np.ndarray, cost: np.ndarray) -> None:
 def members_by_owner(owner: np.ndarray, count: int) -> list[np.ndarray]:
     """Positions grouped by ``owner`` (int64 [n] in [0, count)): ``count`` int64 arrays, ascending."""
     by = np.argsort(owner, kind="stable").astype(np.int64)
-    return np.split(by, np.cumsum(np.bincount(owner, minlength=count))[:-1])
+    ends = np.cumsum(np.bincount(owner, minlength=count))
+    return [by[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())]

@@ -1,0 +1,188 @@
+"""The band schedule, the first candidate of :func:`~seqpack.parallel.balance.balance_samples`: even pack
+loads first, then steps cut from packs sorted by attention cost. Linear in the number of samples after
+packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
+
+1. **Pool.** The extra empty packs (to make the pack count a multiple of ``dp_size``) pool their
+   room with the lowest-cost packs (short samples), re-packed by LPT into as many packs.
+2. **Even loads.** Every pack is brought within ``delta`` units of the capacity (pool packs: of
+   their mean), ``delta`` being the largest deficit that keeps a step's token spread below 0.9 x
+   ``token_tolerance``: a pack short of it swaps a sample for one a few units longer from any pack
+   with room to give (length-matched swaps through a length index; attention cost moves by
+   ``2 * len * d``); a pack still short takes in a short sample whose old pack evens out by swaps.
+3. **Bands.** Packs in decreasing cost (``formation="deficit"``: by deficit class first) are cut
+   into steps of ``dp_size * micro_batches``; each step's packs are dealt to ranks by vector LPT.
+   Packs of a band hold about the same cost, so the cost max/mean of a step is close to 1.
+   "Rigid" packs (one sample, or not evened) of a step must share one load window: a clashing one
+   trades places with a pack of about its cost in a later step, and the other packs of its step
+   move to its window by the same swaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack.parallel.balance import _band_kernels as BK
+from seqpack.parallel.balance import _kernels as K
+from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
+from seqpack.parallel.balance.leveling import level
+from seqpack.parallel.balance.schedule import (
+    FILLER,
+    is_full,
+    members_by_owner,
+    order_steps,
+    step_shape,
+)
+
+_GUARD = 0.9  # the token spread aimed at, as a fraction of token_tolerance
+_KMAX = 16  # candidates tried per (sample, length) by the length-matched swaps
+_DLIM = 64  # largest length difference of one swap (units)
+
+
+def band_delta(load: float, tt: float) -> int:
+    """The largest per-pack deficit (units) at ``load`` units that keeps a step's spread <= 0.9 x ``tt``."""
+    g = _GUARD * tt
+    return max(0, int(np.floor(g * load / (1.0 + g))))
+
+
+def _csr(pack_of: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mstart, mem, pos_of)``: members of pack ``p`` are ``mem[mstart[p]:mstart[p+1]]``."""
+    mem = np.argsort(pack_of, kind="stable").astype(np.int64)
+    mstart = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pack_of, minlength=count), out=mstart[1:])
+    pos_of = np.empty(pack_of.shape[0], dtype=np.int64)
+    pos_of[mem] = np.arange(pack_of.shape[0], dtype=np.int64)
+    return mstart, mem, pos_of
+
+
+def _order(ids, tok, cost, delta, formation):
+    if formation == "deficit":
+        cls = (int(tok.max()) - tok[ids]) // (delta + 1) if ids.size else ids
+        return ids[np.lexsort((-tok[ids], -cost[ids], cls))]
+    return ids[np.lexsort((-tok[ids], -cost[ids]))]
+
+
+def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, formation):
+    """The band schedule of ``bins`` (packs of sample indices) with the extra packs that make their count a
+    multiple of ``dp``. Returns ``(bins, grids)`` (packs left empty dropped, their slots
+    :data:`FILLER`) or None when it does not fit (e.g. the pool cannot be re-packed under the cap)."""
+    n = padded.shape[0]
+    if n == 0 or not bins:
+        return None
+    units = (padded // pad).astype(np.int64)
+    cap_u = int(capacity // pad)
+    p0 = len(bins)
+    npk = p0 + (-p0) % dp
+    g = dp * mb
+    pack_of = np.empty(n, dtype=np.int64)
+    pack_of[np.concatenate(bins)] = np.repeat(np.arange(p0, dtype=np.int64), [b.size for b in bins])
+    cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+    pool = np.zeros(0, dtype=np.int64)
+    if npk > p0:  # the extra packs pool with the lowest-cost packs, re-packed by LPT into even loads
+        want = 5 * (npk - p0)
+        count = min(want + (npk - want) % g, npk)
+        pool = np.concatenate([np.argsort(cost[:p0], kind="stable")[:count - (npk - p0)], np.arange(p0, npk)])
+        members = np.flatnonzero(np.isin(pack_of, pool))
+        order = members[np.argsort(-units[members], kind="stable")].astype(np.int64)
+        bin_of = np.full(n, -1, dtype=np.int64)
+        if not K.lpt_fixed(order, units, int(pool.size), cap_u, bin_of):
+            return None
+        pack_of[order] = pool[bin_of[order]]
+        cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+    load = np.bincount(pack_of, weights=units, minlength=npk).astype(np.int64)
+    in_pool = np.zeros(npk, dtype=bool)
+    in_pool[pool] = True
+    main = np.flatnonzero(~in_pool)
+    pool = np.flatnonzero(in_pool)
+    delta = band_delta(cap_u, tt)
+    # even the loads: main packs to within delta of the capacity, pool packs to within delta of their mean
+    lo = np.full(npk, cap_u - delta, dtype=np.int64)
+    hi = np.full(npk, cap_u, dtype=np.int64)
+    if pool.size:
+        mean = float(load[pool].sum()) / pool.size
+        d_p = band_delta(mean, tt)
+        lo[pool] = int(np.floor(mean)) - d_p // 2
+        hi[pool] = min(int(np.floor(mean)) - d_p // 2 + d_p, cap_u)
+    srt = np.argsort(units, kind="stable").astype(np.int64)
+    vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
+    mstart, mem, pos_of = _csr(pack_of, npk)
+    todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
+    BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed)
+    out = np.flatnonzero(load < lo)
+    if out.size:  # a pack still short: move in a short sample, its old pack (>= 3 samples) evens out by swaps
+        count = np.bincount(pack_of, minlength=npk)
+        gave = []
+        for p in out:
+            for ln in range(hi[p] - load[p], max(lo[p] - load[p], 1) - 1, -1):
+                for j in srt[vstart[ln]:vstart[ln + 1]]:
+                    r = pack_of[j]
+                    if r != p and count[r] >= 3 and in_pool[r] == in_pool[p]:
+                        pack_of[j] = p
+                        load[p] += ln
+                        load[r] -= ln
+                        count[p] += 1
+                        count[r] -= 1
+                        gave.append(r)
+                        break
+                if load[p] >= lo[p]:
+                    break
+        if gave:
+            mstart, mem, pos_of = _csr(pack_of, npk)
+            BK.smooth_loads(np.unique(np.array(gave, dtype=np.int64)), units, pack_of, load, mstart, mem, pos_of,
+                            lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed + 2)
+    # rigid: one-sample packs and packs the swaps could not even; those of one step must share a load window
+    rigid = ((load < lo) | (load > hi) | (np.bincount(pack_of, minlength=npk) == 1)).astype(np.int64)
+    cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+    shape = np.array(step_shape(npk, dp, mb), dtype=np.int64)
+    sizes = dp * shape
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    tok = load.astype(np.float64)
+    best = None
+    for form in (("cost", "deficit") if formation == "auto" else (formation,)):
+        order = np.concatenate([_order(main, load, cost, delta, form), _order(pool, load, cost, delta, form)])
+        order = order.astype(np.int64)
+        if rigid.any():
+            BK.spread_rigid(order, rigid, load, cost, sizes, delta, 0.5 * ct)
+        flat = np.empty(int(sizes.sum()), dtype=np.int64)
+        BK.assign_bands(order, tok, cost, dp, shape, flat)
+        grids = [flat[off[s]:off[s + 1]].reshape(dp, shape[s]).copy() for s in range(shape.size)]
+        full = [gr for gr in grids if is_full(gr, mb)] or grids
+        tl = np.stack([np.where(gr == FILLER, 0.0, tok[gr]).sum(1) for gr in full])
+        cl = np.stack([np.where(gr == FILLER, 0.0, cost[gr]).sum(1) for gr in full])
+        tp, cp = score_parts(tl, cl, tt, ct)
+        worst = (float(cp.max()), float(tp.max()))  # tokens are evened next; cost stays as formed
+        if best is None or worst < best[0]:
+            best = (worst, grids, flat)
+    _, grids, flat = best
+    if rigid.any():  # a step holding a rigid pack: the others move to its load window
+        BK.step_bands(flat, sizes, load, rigid, delta, cap_u, lo, hi)
+        todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
+        BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
+                        seed + 1)
+    grids = order_steps(grids, mb, seed, shuffle_steps)
+    new_id = np.full(npk, FILLER, dtype=np.int64)
+    new_bins: list[np.ndarray] = []
+    for k, members in enumerate(members_by_owner(pack_of, npk)):
+        if members.size:
+            new_id[k] = len(new_bins)
+            new_bins.append(members)
+    return new_bins, [np.where(gr == FILLER, FILLER, new_id[np.where(gr == FILLER, 0, gr)]) for gr in grids]
+
+
+def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
+                    formation):
+    """:func:`band_schedule`, then the steps still off target (token spread above ``tt`` or cost max/mean
+    above ``1 + ct``) leveled sample by sample (:func:`~seqpack.parallel.balance.leveling.level`; the
+    others stay as they are, partners of its cross-step swaps). Returns ``(bins, grids)`` or None."""
+    got = band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, formation)
+    if got is None:
+        return None
+    new_bins, grids = got
+    units = (padded // pad).astype(np.float64)
+    tok, cost = pack_sums(new_bins, units), pack_sums(new_bins, units ** 2)
+    tl = np.stack([np.where(gr == FILLER, 0.0, tok[gr]).sum(1) for gr in grids])
+    cl = np.stack([np.where(gr == FILLER, 0.0, cost[gr]).sum(1) for gr in grids])
+    spread, ratio = step_figures(tl, cl)
+    active = (spread > tt) | (ratio > 1.0 + ct)
+    if not active.any():
+        return new_bins, grids
+    return level(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed, active)
