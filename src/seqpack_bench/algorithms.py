@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 from seqpack_bench import references as ref
 from seqpack_bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
@@ -133,8 +134,6 @@ def run_algorithms(
         ValueError: empty ``sizes``, a size < 1, or ``max_reference_n`` / ``max_bridge_n`` < 0.
         OutputDirError: ``out_dir`` cannot be created or written (checked first).
     """
-    from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
-
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be a non-empty list of integers >= 1, got {list(sizes)!r}")
     for key, val in (("max_reference_n", max_reference_n), ("max_bridge_n", max_bridge_n)):

@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from seqpack.algorithms import pack_lengths
+from seqpack.data import prepare
 from seqpack.parallel.balance import (
     balance_packs,
     balance_samples,
@@ -59,8 +60,6 @@ def real_lengths(capacity: int) -> tuple[np.ndarray, str]:
     if not files:
         return np.zeros(0, np.int64), "absent"
     try:
-        from seqpack.data import prepare
-
         samples, report = prepare([str(f) for f in files], "qwen3", seq_length=capacity, on_error="skip")
         return np.array([s.length for s in samples], dtype=np.int64), (
             f"qwen3 chat template via seqpack.data.prepare ({report.records_read} records, {len(samples)} samples)")

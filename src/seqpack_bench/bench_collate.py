@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from seqpack.packed import build_packed_sequence
+from seqpack.sample import Sample
 from seqpack_bench._argtypes import positive_int
 from seqpack_bench._child import child_env, module_command
 from seqpack_bench.timing import timed
@@ -34,8 +36,6 @@ VOCAB = 151_936
 
 
 def _samples_for_rows(rows: int = 8, T: int = 4096, seed: int = 0):
-    from seqpack.sample import Sample
-
     rng = np.random.default_rng(seed)
     packs = []
     for r in range(rows):
@@ -64,7 +64,6 @@ def bench_collate(repeats: int) -> None:
     from transformers import DataCollatorWithFlattening
 
     from seqpack.collate import InBatchPackingCollator, PackedCollator, PaddedCollator
-    from seqpack.packed import build_packed_sequence
 
     packs = _samples_for_rows()
     rows = [build_packed_sequence(p, pad_token_id=0, seq_length=4096, pad_to_max_length=True) for p in packs]

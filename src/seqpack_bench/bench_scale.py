@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
 from seqpack_bench._argtypes import positive_int
 from seqpack_bench._child import child_env, module_command
 
@@ -174,8 +175,6 @@ def run_stage(args: list[str], timeout: float) -> dict:
 
 
 def stage_planner(n: int, repeats: int) -> dict:
-    from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
-
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(6.0, 1.0, n), 1, SEQ_LENGTH).astype(np.int64)
     pack_lengths(lengths[:10_000], SEQ_LENGTH)  # warm-up (numba compile)

@@ -44,10 +44,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+from seqpack.sample import Sample
+from seqpack.stream import STREAM_DEFAULT_ALGORITHM
 from seqpack_bench._argtypes import positive_int
 
-# seqpack.stream imports torch (~1.5 s): each bench function imports what it needs, so --help and argument
-# errors answer at once
+# StreamingPacker (seqpack.stream.packer) imports torch (~1.5 s): the bench functions import it, so --help and
+# argument errors answer at once
 
 
 #: goal of section 1 (samples per second of the packer on a numpy source)
@@ -94,8 +97,7 @@ def count_packs(packer) -> int:
 def bench_throughput(n: int, repeats: int, echo: Echo) -> dict:
     """Section 1; returns ``{"stream_numpy_source", "stream_iterable", "offline_pack_lengths"}`` (samples/s)
     and ``algorithm_share`` (fraction of the packer's time inside the packing algorithm)."""
-    from seqpack.algorithms import pack_lengths
-    from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
+    from seqpack.stream.packer import StreamingPacker  # imports torch
 
     cap, buf = 4096, 10_000
     lens = lognormal_mix(n, cap)
@@ -154,8 +156,7 @@ class iter_source:
 
 def bench_efficiency(n: int, echo: Echo) -> tuple[bool, list]:
     """Section 2; returns (goal met for every set, one figures entry per mix and capacity)."""
-    from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
-    from seqpack.stream import STREAM_DEFAULT_ALGORITHM, StreamingPacker
+    from seqpack.stream.packer import StreamingPacker  # imports torch
 
     echo.line(f"\n== 2. efficiency: packs above L1 (%), {n:,} samples per data set")
     echo.line(f"  {'mix':10} {'cap':>5} {'L1':>7} {'offline':>8} {'offl-BFD':>8} | " + " | ".join(
@@ -194,7 +195,7 @@ def bench_state_size(echo: Echo) -> dict:
     """Section 3; returns ``{"sample_keys", "pickle_bytes", "torch_save_bytes"}``."""
     import torch
 
-    from seqpack.stream import StreamingPacker
+    from seqpack.stream.packer import StreamingPacker
 
     lens = lognormal_mix(50_000, 4096)
     p = StreamingPacker(lens, 4096, packing_buffer_size=10_000, output="indices")
@@ -215,8 +216,7 @@ def bench_rows(n: int, echo: Echo) -> dict:
     """Sample objects -> PackedSequence rows (includes build_packed_sequence), and state_dict cost.
 
     Returns ``{"samples", "rows", "samples_per_s", "rows_per_s", "state_dict_us"}``."""
-    from seqpack.sample import Sample
-    from seqpack.stream import StreamingPacker
+    from seqpack.stream.packer import StreamingPacker  # imports torch
 
     cap = 4096
     lens = lognormal_mix(n, cap, seed=3)
@@ -280,7 +280,7 @@ def run_benchmark(*, quick: bool = False, n: int | None = None, repeats: int | N
     size = figures["sizes"]
     save = on_section or (lambda _f: None)
     save(figures)
-    import seqpack.stream  # noqa: F401 - loads torch (~1.5 s) before the total clock starts
+    import seqpack.stream.packer  # noqa: F401 - loads torch (~1.5 s) before the total clock starts
 
     t0 = time.perf_counter()
     figures["throughput"] = bench_throughput(size["throughput_n"], size["repeats"], echo)

@@ -9,7 +9,6 @@ import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from seqpack.data import TokenizerError, load_tokenizer, prepare, tokenizer_fingerprint

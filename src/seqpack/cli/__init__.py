@@ -7,6 +7,9 @@ from importlib.metadata import entry_points
 
 import typer
 
+# Importing a command module registers its commands on ``app``, in `seqpack --help` order (pack_cmd
+# first); the plugins' commands follow (``load_plugins`` below).
+from seqpack.cli import pack_cmd, config_cmd  # noqa: F401  # isort: skip
 from seqpack.cli.app import app
 
 #: entry-point group of command plugins (see :func:`load_plugins`).
@@ -52,15 +55,7 @@ def load_plugins(target: typer.Typer = app, group: str = PLUGIN_GROUP) -> list[s
     return added
 
 
-def _register() -> None:
-    # Importing a module registers its commands on ``app``; then the plugins' commands.
-    from seqpack.cli import pack_cmd  # noqa: F401
-    from seqpack.cli import config_cmd  # noqa: F401
-
-    load_plugins(app)
-
-
-_register()
+load_plugins(app)
 
 
 def main() -> None:  # console-script entry point

@@ -42,9 +42,9 @@ def check_packed_data(cfg: Any, path: str | Path | None = None) -> PackedDataChe
     if p is None:
         return PackedDataCheck(None, [], [])
     p = str(p)
-    # seqpack.io imports pyarrow: deferred so that loading and validating a config stays light
-    from seqpack.io import load_packed
-    from seqpack.io.metadata import PackedDatasetError, PackedMetadata, StalePackedDatasetError
+    # seqpack.io imports pyarrow (any seqpack.io.* import runs its __init__): deferred so that loading
+    # and validating a config (and `import seqpack`) stays light
+    from seqpack.io import PackedDatasetError, PackedMetadata, StalePackedDatasetError, load_packed
 
     try:
         try:

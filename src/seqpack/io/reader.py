@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.io.fingerprint import sha256_file
+from seqpack.io.media import image_processor_from_metadata, segment_media
 from seqpack.io.metadata import (
     REPORT_FILE,
     PackedDatasetError,
@@ -226,51 +227,8 @@ class PackedDataset:
             PackedDatasetError: the dataset has no images (no ``media`` section in its metadata).
         """
         if self._processor is None:
-            cfg = (self.metadata.media or {}).get("image_processor")
-            if cfg is None:
-                raise PackedDatasetError(f"{self.path}: the dataset holds no images (metadata.json has no media)")
-            from seqpack.data.media import load_image_processor
-
-            self._processor = load_image_processor(cfg)
+            self._processor = image_processor_from_metadata(self.path, self.metadata.media)
         return self._processor
-
-    def _segment_media(self, i: int, c: dict[str, Any]) -> list[Any] | None:
-        raw = c.get("media")
-        if not raw:
-            return None
-        merge = int((self.metadata.media or {}).get("merge_size") or 2)
-        out: list[Any] = []
-        for j, m in enumerate(raw):
-            if not m:
-                out.append(None)
-                continue
-            grid = np.asarray(m["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
-            ntok = m.get("image_tokens")
-            seg = {
-                "images": list(m["images"]),
-                "image_grid_thw": grid,
-                "image_tokens": (np.asarray(ntok, dtype=np.int64) if ntok is not None
-                                 else np.prod(grid, axis=1) // merge**2),
-            }
-            if self.load_media:
-                from seqpack.data.media import process_images
-
-                try:
-                    pv, g2 = process_images(seg["images"], self.image_processor())
-                except (FileNotFoundError, ValueError) as e:
-                    sid = c["sample_ids"][j] if j < len(c["sample_ids"]) else j
-                    raise PackedDatasetError(
-                        f"{self.path}: pack {i}, segment {j} (sample {sid!r}): {e}; the image files must stay "
-                        "where they were when the data was packed (paths are stored in the media column)"
-                    ) from e
-                if not np.array_equal(g2, grid):
-                    raise PackedDatasetError(
-                        f"{self.path}: pack {i}, segment {j}: image grids {g2.tolist()} differ from the stored "
-                        f"{grid.tolist()}: an image file changed since packing; re-pack the data"
-                    )
-                seg["pixel_values"] = pv
-            out.append(seg)
-        return out if any(x is not None for x in out) else None
 
     def __getitem__(self, i: int):
         """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
@@ -281,7 +239,9 @@ class PackedDataset:
         if "final_target_segments" in c:
             has_final_target = np.zeros(len(c["cu_seqlens"]) - 1, dtype=bool)
             has_final_target[np.asarray(c["final_target_segments"], dtype=np.int64)] = True
-        media = self._segment_media(int(i), c)
+        merge = int((m.media or {}).get("merge_size") or 2)
+        media = segment_media(self.path, int(i), c.get("media"), c["sample_ids"], merge_size=merge,
+                              processor=self.image_processor if self.load_media else None)
         extra: dict[str, Any] = {
             "pad_to_multiple_of": m.effective_pad_multiple,
             "seq_length": m.seq_length,
@@ -298,7 +258,7 @@ class PackedDataset:
             extra=extra,
             # the builder computes each image segment's M-RoPE table and the row's (extra["mrope_position_ids"])
             image_pad_id=(m.media or {}).get("image_pad_id"),
-            merge_size=int((m.media or {}).get("merge_size") or 2),
+            merge_size=merge,
         )
 
     def __iter__(self) -> Iterator[Any]:

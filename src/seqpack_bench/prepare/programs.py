@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from seqpack.data.tokenizer import TokenizerError
 from seqpack_bench.prepare.data import PrepareDataError, PrepareOptionError
 
 _SHAREGPT_ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -161,7 +162,6 @@ def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_di
         PrepareDataError: the file cannot be read or holds a malformed record (seqpack's message names
             the file and record), or holds no record.
     """
-    from seqpack.data.tokenizer import TokenizerError
     from seqpack.pipeline import NothingToPackError, pack_dataset
 
     try:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from seqpack.data.tokenizer import load_tokenizer
 from seqpack_bench.prepare.compare import THINK_NOTE, compare_sides
 from seqpack_bench.prepare.data import (SHARED_FILES, WARMUP_RECORDS, PrepareOptionError, real_datasets,
                                         table_name, write_synthetic_chat)
@@ -70,8 +71,6 @@ def run_prepare(
             the side and the cause).
         OutputDirError: ``out_dir`` cannot be created or written (checked before any work).
     """
-    from seqpack.data.tokenizer import load_tokenizer
-
     if repeats < 1:
         raise PrepareOptionError(f"repeats must be >= 1, got {repeats}")
     out_dir = ensure_out_dir(out_dir, option="out_dir")

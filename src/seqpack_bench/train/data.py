@@ -9,6 +9,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from seqpack.data import load_tokenizer, prepare
+from seqpack.sample import Sample, shift_labels
 from seqpack_bench.paths import shared_data_dir
 from seqpack_bench.train.config import TINY_MODELS, TrainConfig, _namer, _settable, one_line
 
@@ -20,8 +22,6 @@ def synthetic_samples(n: int, *, vocab_size: int, seed: int = 0, median: float =
     The first ``prompt_fraction`` of each sample is untrained (labels -100), the rest is trained
     (shifted labels, ``Sample`` contract). Token ids are uniform in ``[1, vocab_size)``.
     """
-    from seqpack.sample import Sample, shift_labels
-
     rng = np.random.default_rng(seed)
     lens = np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), 2, max_length).astype(np.int64)
     out = []
@@ -109,8 +109,6 @@ def load_train_tokenizer(cfg: TrainConfig, *, option_names: dict[str, str] | Non
             folder), the library's reason (line breaks collapsed) and the fix; or, with a local model
             folder, a tokenizer with more tokens than the model's ``config.json`` ``vocab_size``.
     """
-    from seqpack.data import load_tokenizer
-
     n = _namer(option_names)
     try:
         tok = load_tokenizer(resolve_tokenizer(cfg))
@@ -149,8 +147,6 @@ def prepare_data(inputs: Any, cfg: TrainConfig, *, option_names: dict[str, str] 
             ``prepare`` raises: ``DataFormatError`` (file, line/record and fix), ``TokenizerError``
             (both ``ValueError``), ``FileNotFoundError``.
     """
-    from seqpack.data import prepare
-
     n = _namer(option_names)
     tok = tokenizer if tokenizer is not None else load_train_tokenizer(cfg, option_names=option_names)
     samples, report = prepare(inputs, tok, seq_length=cfg.seq_length)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, pack_lengths
+from seqpack.packed import build_packed_sequence
 from seqpack_bench.train.checks import check_out_dir, check_runtime
 from seqpack_bench.train.config import MIN_TIMED_STEPS, TINY_MODELS, TrainConfig, _namer, _settable, _timed_steps_fix
 from seqpack_bench.train.data import default_data, prepare_data
@@ -119,6 +120,15 @@ def run_training(samples: Sequence[Any] | None = None, cfg: TrainConfig | None =
         torch.set_num_threads(before)
 
 
+def _new_run(base: Any, cfg: TrainConfig, name: str, steps: list[np.ndarray], rows=None) -> ModeRun:
+    """One mode's run: its own copy of the ``base`` model and an AdamW optimizer (``cfg.lr``, no weight decay)."""
+    import torch
+
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    return ModeRun(name, model, opt, steps, rows)
+
+
 def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[str], None],
                   option_names: dict[str, str] | None) -> dict[str, Any]:
     import torch
@@ -163,8 +173,6 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
                      f"{n('seq_length')} gives more packs)")
     plan = plan[:n_steps]
 
-    from seqpack.packed import build_packed_sequence
-
     base = build_model(cfg, vocab)
     rows_in = base.get_input_embeddings().num_embeddings
     top = max(int(np.max(s.input_ids)) for s in samples)
@@ -174,14 +182,9 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
                          f"tokenizer ({n('tokenizer')})")
     runs: list[ModeRun] = []
 
-    def new_run(name: str, steps: list[np.ndarray], rows=None) -> ModeRun:
-        model = copy.deepcopy(base)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        return ModeRun(name, model, opt, steps, rows)
-
     for m in modes:
         if m == "streaming":
-            from seqpack.stream import StreamingPacker
+            from seqpack.stream.packer import StreamingPacker  # imports torch
 
             packer = StreamingPacker(samples, cfg.seq_length, packing_buffer_size=min(cfg.packing_buffer_size,
                                      len(samples)), pad_token_id=pad_token_id, seed=cfg.seed, output="packed")
@@ -195,13 +198,13 @@ def _run_training(samples, cfg: TrainConfig, pad_token_id: int, log: Callable[[s
             if len(rows) < n_steps:
                 notes.append(f"streaming: the packer made only {len(rows)} pack(s), so streaming and padded_stream "
                              f"run {len(rows)} step(s) (the other modes {n_steps})")
-            runs.append(new_run("streaming", steps, rows))
-            runs.append(new_run("padded_stream", steps))
+            runs.append(_new_run(base, cfg, "streaming", steps, rows))
+            runs.append(_new_run(base, cfg, "padded_stream", steps))
         elif m == "packed":
             rows = [build_packed_sequence([samples[int(i)] for i in b], pad_token_id=pad_token_id) for b in plan]
-            runs.append(new_run("packed", plan, rows))
+            runs.append(_new_run(base, cfg, "packed", plan, rows))
         else:
-            runs.append(new_run(m, plan))
+            runs.append(_new_run(base, cfg, m, plan))
     del base
     longest = max(len(r.steps) for r in runs)
     if cfg.warmup_steps >= longest:

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from seqpack.sample import Sample
 from seqpack_bench.train.checks import _check_model
 from seqpack_bench.train.config import TINY_MODELS, TrainConfig, _namer
 
@@ -73,8 +74,6 @@ def compact_vocabulary(samples: Sequence[Any], pad_token_id: int) -> tuple[list[
     Returns:
         ``(new samples, V, new pad id)``; labels keep -100, other labels are remapped like ids.
     """
-    from seqpack.sample import Sample
-
     used = np.unique(np.concatenate([np.asarray(s.input_ids, np.int64) for s in samples]
                                     + [np.asarray(s.labels, np.int64)[np.asarray(s.labels) >= 0] for s in samples]
                                     + [np.array([pad_token_id], np.int64)]))
