@@ -67,7 +67,7 @@ class PackingAlgorithm(str, Enum):
     * ``balanced_best_fit`` (default): pack count, then equal loads; O(n log C); this library
       (BFD + "sand" leveling, FFD/MFFD/Minimum-Bin-Slack portfolio when BFD is above L2).
 
-    Measured on 1M lognormal SFT lengths at C = 4096 (``python -m seqpack_bench.bench_algorithms``):
+    Measured on 1M lognormal SFT lengths at C = 4096 (``seqpack bench algorithms``; docs/measured.md):
     the default reaches L1 + 2 packs with a 20-token load spread in ~0.15 s on one core.
     """
 

@@ -124,11 +124,12 @@ def balance_samples(
     ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
     tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
 
-    Limits (measured with ``python -m seqpack_bench.bench_balance``): with one micro-batch per rank
+    Limits (measured by the balance benchmark, docs/measured.md): with one micro-batch per rank
     and packs that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move
-    can even the step unless short enough samples exist (100k lognormal samples at capacity 4096, dp 8: a few steps of 4077-4095-token documents stay at
-    up to 0.37 % token spread with one micro-batch; with four, all steps are within 0.1 %); the cost
-    goal can be provably out of reach (:func:`cost_ratio_lower_bound`).
+    can even the step unless short enough samples exist (100k lognormal samples at capacity 4096, dp 8:
+    a few steps of 4077-4095-token documents stay at up to 0.37 % token spread with one micro-batch;
+    with four, all steps are within 0.1 %); the cost goal can be provably out of reach
+    (:func:`cost_ratio_lower_bound`).
 
     Args:
         lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.
