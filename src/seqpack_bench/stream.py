@@ -2,37 +2,27 @@
 
 The benchmark is :func:`seqpack_bench.bench_stream.run_benchmark` (``StreamingPacker`` throughput,
 efficiency vs offline packing, state size), called in this process; its lines are relayed live and
-recorded. Written into ``out_dir``:
+recorded, and its figures and goals are taken from the structure it returns (never read back from the
+text). Written into ``out_dir``:
 
 - ``stream.json``: command, exit code (0 done, 1 the benchmark raised), wall seconds, the full output,
-  every line carrying PASS/MISS verdicts as a goal (``pass`` is False when the line has any MISS), and
-  the figures the benchmark returned (``throughput`` in samples/s, ``efficiency`` rows of packs above L1
-  in % per buffer size, ``state_dict`` bytes, ``rows`` rates; see :mod:`seqpack_bench.bench_stream`);
+  the goals (one per verdict the benchmark reported, ``pass`` as it judged it) and the figures the
+  benchmark returned (``throughput`` in samples/s, ``efficiency`` rows of packs above L1 in % per buffer
+  size, ``state_dict`` bytes, ``rows`` rates; see :mod:`seqpack_bench.bench_stream`);
 - ``stream_efficiency.png``: packs above the L1 bound (%) against the buffer size, one line per data
   mix, capacity and mode (``carry`` = the default carry-over, ``window`` = each buffer packed alone);
 - ``stream_throughput.png``: samples/s of the streaming packer (numpy source, plain iterable) and of
   offline ``pack_lengths`` on the same lengths.
 
-With ``quick``, every echoed line that carries a PASS/MISS verdict ends with " (quick: informational)"
-and the goals are stored with ``"informational": "quick: informational"`` (the goals are judged on the
-full run; ``output`` in the JSON keeps the text as the benchmark printed it).
-
-``script=PATH`` runs a script of your own instead (e.g. a modified copy of ``bench_stream.py``) in a
-child process with this interpreter, ``--quick`` when asked and ``--json <file>``; its exit code is
-relayed, its figures are read from that JSON file, and its goals are the printed lines carrying PASS/MISS
-(a user script has no other channel for them). A chart whose figures are missing (the benchmark failed
-before that section, or a script that writes no ``--json`` file) is not written; the reason is printed
-and stored in ``charts_skipped``.
+With ``quick``, every echoed verdict line ends with " (quick: informational)" and the goals are stored
+with ``"informational": "quick: informational"`` (the goals are judged on the full run; ``output`` in the
+JSON keeps the text as the benchmark printed it). A chart whose figures are missing (the benchmark failed
+before that section) is not written; the reason is printed and stored in ``charts_skipped``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
-import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -41,66 +31,13 @@ from typing import Any
 from seqpack_bench import bench_stream
 from seqpack_bench.timing import bar_chart, ensure_out_dir, line_chart, write_json
 
-__all__ = ["BUILTIN_COMMAND", "parse_stream_output", "run_stream", "QUICK_NOTE"]
+__all__ = ["BUILTIN_COMMAND", "run_stream", "QUICK_NOTE"]
 
 #: Printed after a ``--quick`` run (its verdict lines are labelled "(quick: informational)").
 QUICK_NOTE = ("note: --quick verdicts are informational: the goals are judged on the full run "
               "(`seqpack bench stream`: 1,000,000 lengths for throughput, 500,000 per efficiency set, 3 repeats)")
-_VERDICT_RE = re.compile(r"\b(PASS|MISS)\b")
-
-_BUFFER_RE = re.compile(r"B=(\d[\d,]*)")
-_EFF_ROW_RE = re.compile(r"^\s*(\w+)\s+(\d+)\s+(\d+)\s+(-?[\d.]+)\s+(-?[\d.]+)\s*\|(.*)$")
-_RATE_RE = re.compile(r"^\s*(map-style numpy source|plain iterable of ints|offline pack_lengths)\s*:\s*([\d,]+)\s+samples/s")
-_RATE_KEYS = {"map-style numpy source": "stream_numpy_source", "plain iterable of ints": "stream_iterable",
-              "offline pack_lengths": "offline_pack_lengths"}
 #: ``command`` of ``stream.json`` for the built-in benchmark (the same run from a shell, without --quick).
 BUILTIN_COMMAND = "python -m seqpack_bench.bench_stream"
-
-
-def parse_stream_output(output: str) -> dict[str, Any]:
-    """Read the figures back from the text ``bench_stream.py`` prints (e.g. a saved log).
-
-    :func:`run_stream` does not use this: it gets the figures from
-    :func:`~seqpack_bench.bench_stream.run_benchmark` (or from the ``--json`` file of a ``script``: full
-    precision, no dependence on the text layout). The printed figures are rounded (3 decimals
-    for percentages, whole samples/s).
-
-    Section 1 lines ``<name> : <N> samples/s`` give ``throughput`` (samples per second, float):
-    keys ``stream_numpy_source``, ``stream_iterable``, ``offline_pack_lengths`` (those found).
-    Section 2 (header ``B=<size> window carry wait`` per buffer, then one row per mix and capacity:
-    ``mix cap L1 offline offl-BFD | window carry wait | ...``) gives ``efficiency``: a list of
-    ``{"mix", "capacity", "l1", "offline_pct", "offline_bfd_pct", "buffers": [{"buffer", "window_pct",
-    "carry_pct", "max_wait"}]}``, percentages = packs above L1 in %.
-
-    Returns:
-        ``{"throughput": {...}, "efficiency": [...]}``; empty when the output holds no such lines.
-    """
-    throughput: dict[str, float] = {}
-    efficiency: list[dict[str, Any]] = []
-    buffers: list[int] = []
-    for line in output.splitlines():
-        m = _RATE_RE.match(line)
-        if m:
-            throughput[_RATE_KEYS[m.group(1)]] = float(m.group(2).replace(",", ""))
-            continue
-        if "window" in line and "carry" in line and "B=" in line:
-            buffers = [int(b.replace(",", "")) for b in _BUFFER_RE.findall(line)]
-            continue
-        m = _EFF_ROW_RE.match(line)
-        if not (m and buffers):
-            continue
-        cells = [c.split() for c in m.group(6).split("|")]
-        if len(cells) != len(buffers) or any(len(c) != 3 for c in cells):
-            continue
-        try:
-            per_buffer = [{"buffer": b, "window_pct": float(c[0]), "carry_pct": float(c[1]), "max_wait": int(c[2])}
-                          for b, c in zip(buffers, cells)]
-        except ValueError:
-            continue
-        efficiency.append({"mix": m.group(1), "capacity": int(m.group(2)), "l1": int(m.group(3)),
-                           "offline_pct": float(m.group(4)), "offline_bfd_pct": float(m.group(5)),
-                           "buffers": per_buffer})
-    return {"throughput": throughput, "efficiency": efficiency}
 
 
 def _charts(figures: dict[str, Any], out_dir: Path) -> tuple[list[str], list[str]]:
@@ -179,49 +116,24 @@ def _run_builtin(quick: bool, rec: _Recorder) -> tuple[int, dict[str, Any], str]
     return rc, figures, BUILTIN_COMMAND + (" --quick" if quick else "")
 
 
-def _run_script(path: Path, quick: bool, rec: _Recorder) -> tuple[int, dict[str, Any], str]:
-    """A user script in a child process: (its exit code, its --json figures, the command)."""
-    with tempfile.TemporaryDirectory(prefix="seqpack-bench-stream-") as tmp:
-        figures_path = Path(tmp) / "figures.json"
-        cmd = [sys.executable, str(path)] + (["--quick"] if quick else []) + ["--json", str(figures_path)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            tags = _VERDICT_RE.findall(line)
-            if tags:
-                rec.verdict(line, "MISS" not in tags)
-            else:
-                rec.line(line)
-        rc = proc.wait()
-        figures = json.loads(figures_path.read_text()) if figures_path.is_file() else {}
-    return rc, figures, " ".join(cmd)
-
-
-def run_stream(*, quick: bool = False, script: str | os.PathLike | None = None,
-               out_dir: str | os.PathLike = "bench_results", echo: bool = True) -> dict[str, Any]:
-    """Run the streaming benchmark (``script``: a script of your own instead; see the module docstring);
-    write ``stream.json`` and the PNG charts.
+def run_stream(*, quick: bool = False, out_dir: str | os.PathLike = "bench_results",
+               echo: bool = True) -> dict[str, Any]:
+    """Run the streaming benchmark in this process; write ``stream.json`` and the PNG charts.
 
     Returns:
         payload with ``benchmark``, ``command``, ``returncode``, ``quick``, ``wall_s``, ``output``, ``goals``
-        (``{"goal", "pass"}`` per PASS/MISS line, plus ``informational`` with ``quick``), ``figures`` (what
-        the benchmark returned; ``{}`` when nothing), ``throughput`` and ``efficiency`` (copied from
-        ``figures``; ``{}`` / ``[]`` when absent), ``charts`` (PNG file names written) and ``charts_skipped``
-        (one reason per chart not written).
+        (``{"goal", "pass"}`` per verdict the benchmark reported, plus ``informational`` with ``quick``),
+        ``figures`` (what the benchmark returned; ``{}`` when nothing), ``throughput`` and ``efficiency``
+        (copied from ``figures``; ``{}`` / ``[]`` when absent), ``charts`` (PNG file names written) and
+        ``charts_skipped`` (one reason per chart not written).
 
     Raises:
-        FileNotFoundError: ``script`` is given and does not exist.
         OutputDirError: ``out_dir`` cannot be created or written (checked before the run).
     """
-    path = Path(script) if script else None
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"streaming benchmark script not found at {path}; pass script=PATH of an existing "
-                                "file, or leave it out to run the built-in benchmark")
     out = ensure_out_dir(out_dir, option="out_dir")
     t0 = time.perf_counter()
     rec = _Recorder(quick=quick, echo=echo)
-    rc, figures, command = _run_script(path, quick, rec) if path is not None else _run_builtin(quick, rec)
+    rc, figures, command = _run_builtin(quick, rec)
     charts, charts_skipped = _charts(figures, out)
     for reason in charts_skipped:
         if echo:

@@ -67,7 +67,8 @@ def test_cli_bench_empty_out_is_refused_not_the_current_folder(tmp_path, monkeyp
     ("algorithms", "Exit codes: 2 bad option (before any work), otherwise 0"),
     ("prepare", "Exit codes: 2 bad option (--out, --shared-data, or a --seq-length that leaves nothing to pack), "
                 "1 data error"),
-    ("stream", "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own"),
+    ("stream", ("Exit codes: 2 bad --out (before any work), 1 the benchmark failed, otherwise 0 "
+                "(MISS verdicts included).")),
 ])
 def test_cli_bench_help_states_exit_codes(command, codes):
     r = CliRunner().invoke(_cli(), ["bench", command, "--help"], env={"COLUMNS": "200"})

@@ -5,37 +5,59 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
-from _bench_cli import _cli, _forbid, _one_line_error
+from _bench_cli import _cli, _forbid
 
 
-def test_cli_bench_stream_missing_script_names_the_option(tmp_path):
-    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "nope.py"),
-                                    "--out", str(tmp_path / "out")])
-    assert r.exit_code == 2
-    assert f"--script {tmp_path / 'nope.py'}: file not found" in r.output
-    assert "script=PATH" not in r.output and "Traceback" not in r.output
+def _fake_benchmark(monkeypatch, body):
+    """Replace ``bench_stream.run_benchmark`` by ``body(quick, echo, figures)`` (run in-process, no sizes)."""
+    from seqpack_bench import bench_stream
+
+    calls = []
+
+    def fake(*, quick=False, echo=None, figures=None, **kw):
+        calls.append(quick)
+        figures = {} if figures is None else figures
+        body(quick, echo, figures)
+        return figures
+
+    monkeypatch.setattr(bench_stream, "run_benchmark", fake)
+    return calls
 
 
-def test_stream_wrapper_records_output_and_goals(tmp_path):
-    from seqpack_bench.stream import run_stream
+def test_cli_bench_stream_has_no_script_option(tmp_path, monkeypatch):
+    calls = _forbid(monkeypatch, "seqpack_bench.stream", "run_stream")
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path / "x.py"),
+                                    "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and calls == []
+    assert "--script" not in CliRunner().invoke(_cli(), ["bench", "stream", "--help"]).output
 
-    script = tmp_path / "fake_bench.py"
-    script.write_text("import sys\nprint('table PASSED')\nprint('PASS  goal one: 3x')\nprint('MISS  goal two')\n"
-                      "print('  goal: a: PASS; b: MISS')\nprint('summary: throughput PASS')\n"
-                      "sys.exit(0 if '--quick' in sys.argv else 4)\n")
+
+def test_stream_wrapper_records_output_and_goals(tmp_path, monkeypatch):
+    from seqpack_bench.stream import BUILTIN_COMMAND, run_stream
+
+    def body(quick, echo, figures):
+        echo.line("table PASSED")
+        echo.verdict("PASS  goal one: 3x", True)
+        echo.verdict("MISS  goal two", False)
+        echo.verdict("  goal: a: PASS; b: MISS", False)
+        echo.verdict("summary: throughput PASS", True)
+        echo.verdict("PASS  judged by the flag, not the word", False)
+        if not quick:
+            raise RuntimeError("the full run fails after its verdicts")
+
+    calls = _fake_benchmark(monkeypatch, body)
     expected = [{"goal": "goal one: 3x", "pass": True}, {"goal": "goal two", "pass": False},
-                {"goal": "goal: a: PASS; b: MISS", "pass": False}, {"goal": "summary: throughput PASS", "pass": True}]
-    res = run_stream(quick=True, script=script, out_dir=tmp_path, echo=False)
-    assert res["returncode"] == 0 and res["quick"] is True
+                {"goal": "goal: a: PASS; b: MISS", "pass": False}, {"goal": "summary: throughput PASS", "pass": True},
+                {"goal": "judged by the flag, not the word", "pass": False}]
+    res = run_stream(quick=True, out_dir=tmp_path, echo=False)
+    assert res["returncode"] == 0 and res["quick"] is True and res["command"] == BUILTIN_COMMAND + " --quick"
     assert res["goals"] == [{**g, "informational": "quick: informational"} for g in expected]
     assert json.loads((tmp_path / "stream.json").read_text())["output"].startswith("table")
-    full = run_stream(script=script, out_dir=tmp_path, echo=False)
-    assert full["returncode"] == 4 and full["goals"] == expected  # the full run judges the goals
-    with pytest.raises(FileNotFoundError, match="not found"):
-        run_stream(script=tmp_path / "missing.py", out_dir=tmp_path)
+    full = run_stream(out_dir=tmp_path, echo=False)
+    assert full["returncode"] == 1 and full["goals"] == expected  # the full run judges the goals; a raise is exit 1
+    assert full["command"] == BUILTIN_COMMAND and calls == [True, False]
 
 
 # the format seqpack_bench.bench_stream prints (copied from a --quick run)
@@ -54,31 +76,39 @@ _STREAM_OUTPUT = """
   (wait = most rounds a sample was carried; window = pack each buffer alone, carry = default)
 """
 
-def test_parse_stream_output_reads_throughput_and_efficiency():
-    from seqpack_bench.stream import parse_stream_output
+# the figures bench_stream.run_benchmark returns for the run printed above
+_STREAM_FIGURES = {
+    "throughput": {"stream_numpy_source": 4_562_753.0, "stream_iterable": 4_609_135.0,
+                   "offline_pack_lengths": 9_127_468.0},
+    "efficiency": [
+        {"mix": "lognormal", "capacity": 4096, "l1": 23511, "offline_pct": 0.0, "offline_bfd_pct": 0.004,
+         "buffers": [{"buffer": 100, "window_pct": 3.364, "carry_pct": 0.383, "max_wait": 8},
+                     {"buffer": 1000, "window_pct": 0.383, "carry_pct": 0.047, "max_wait": 8},
+                     {"buffer": 10_000, "window_pct": 0.047, "carry_pct": 0.009, "max_wait": 8}]},
+        {"mix": "bimodal", "capacity": 8192, "l1": 13270, "offline_pct": 0.0, "offline_bfd_pct": 0.0,
+         "buffers": [{"buffer": 100, "window_pct": 5.697, "carry_pct": 2.065, "max_wait": 7},
+                     {"buffer": 1000, "window_pct": 0.573, "carry_pct": 0.083, "max_wait": 8},
+                     {"buffer": 10_000, "window_pct": 0.060, "carry_pct": 0.0, "max_wait": 8}]}],
+}
 
-    fig = parse_stream_output(_STREAM_OUTPUT)
-    assert fig["throughput"] == {"stream_numpy_source": 4_562_753.0, "stream_iterable": 4_609_135.0,
-                                 "offline_pack_lengths": 9_127_468.0}
-    lg, bi = fig["efficiency"]
-    assert (lg["mix"], lg["capacity"], lg["l1"], lg["offline_bfd_pct"]) == ("lognormal", 4096, 23511, 0.004)
-    assert [b["buffer"] for b in lg["buffers"]] == [100, 1000, 10_000]
-    assert lg["buffers"][1] == {"buffer": 1000, "window_pct": 0.383, "carry_pct": 0.047, "max_wait": 8}
-    assert bi["buffers"][2]["carry_pct"] == 0.0 and bi["buffers"][0]["max_wait"] == 7
-    assert parse_stream_output("no figures here\n") == {"throughput": {}, "efficiency": []}
+
+def _print_output(echo):
+    for line in _STREAM_OUTPUT.splitlines():
+        echo.line(line)
 
 
-def test_cli_bench_stream_writes_json_and_png(tmp_path):
-    from seqpack_bench.stream import parse_stream_output
+def test_cli_bench_stream_writes_json_and_png(tmp_path, monkeypatch):
+    import copy
 
-    # a stand-in for bench_stream.py: prints its text and writes its figures where --json says
-    figures = json.dumps(parse_stream_output(_STREAM_OUTPUT))
-    script = tmp_path / "fake_stream.py"
-    script.write_text(f"import pathlib, sys\nsys.stdout.write({_STREAM_OUTPUT!r})\n"
-                      f"pathlib.Path(sys.argv[sys.argv.index('--json') + 1]).write_text({figures!r})\nsys.exit(3)\n")
+    def body(quick, echo, figures):  # prints its text, returns its figures, then fails
+        _print_output(echo)
+        figures.update(copy.deepcopy(_STREAM_FIGURES))
+        raise RuntimeError("after the sections")
+
+    _fake_benchmark(monkeypatch, body)
     out = tmp_path / "out"
-    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(script), "--out", str(out)])
-    assert r.exit_code == 3  # the benchmark's exit code is relayed
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--out", str(out)])
+    assert r.exit_code == 1  # the benchmark raised: exit 1, the sections done are charted
     for png in ("stream_efficiency.png", "stream_throughput.png"):
         assert (out / png).stat().st_size > 5000, png
     data = json.loads((out / "stream.json").read_text())
@@ -87,11 +117,10 @@ def test_cli_bench_stream_writes_json_and_png(tmp_path):
     assert data["throughput"]["offline_pack_lengths"] == 9_127_468.0
 
 
-def test_cli_bench_stream_without_figures_file_skips_charts_with_reason(tmp_path):
-    script = tmp_path / "text_only.py"  # prints the figures but writes no --json file
-    script.write_text(f"import sys\nsys.stdout.write({_STREAM_OUTPUT!r})\n")
+def test_cli_bench_stream_without_figures_skips_charts_with_reason(tmp_path, monkeypatch):
+    _fake_benchmark(monkeypatch, lambda quick, echo, figures: _print_output(echo))  # text, no figures
     out = tmp_path / "out"
-    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(script), "--out", str(out)])
+    r = CliRunner().invoke(_cli(), ["bench", "stream", "--out", str(out)])
     assert r.exit_code == 0, r.output
     data = json.loads((out / "stream.json").read_text())
     assert data["charts"] == [] and not (out / "stream_throughput.png").exists()
@@ -99,52 +128,50 @@ def test_cli_bench_stream_without_figures_file_skips_charts_with_reason(tmp_path
     assert "note: chart not written: stream_throughput.png: no throughput figures" in r.output
 
 
+_RATE_LABELS = {"stream_numpy_source": "map-style numpy source", "stream_iterable": "plain iterable of ints",
+                "offline_pack_lengths": "offline pack_lengths"}
+
+
 def test_bench_stream_script_json_matches_its_printed_figures(tmp_path):
     import subprocess
 
     from seqpack_bench._child import child_env, module_command
-    from seqpack_bench.stream import parse_stream_output
 
     path = tmp_path / "sub" / "fig.json"
     cmd = module_command("seqpack_bench.bench_stream", "--quick", "--n", "3000", "--repeats", "1", "--efficiency-n",
                          "3000", "--json", str(path))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stderr[-2000:]
-    fig, printed = json.loads(path.read_text()), parse_stream_output(p.stdout)
+    fig, lines = json.loads(path.read_text()), p.stdout.splitlines()
     assert fig["sizes"] == {"throughput_n": 3000, "repeats": 1, "efficiency_n": 3000, "rows_n": 20_000}
-    assert set(printed["throughput"]) == {"stream_numpy_source", "stream_iterable", "offline_pack_lengths"}
-    for key, rate in printed["throughput"].items():  # printed as whole samples/s
-        assert abs(fig["throughput"][key] - rate) <= 0.5, key
+    assert set(fig["throughput"]) == {*_RATE_LABELS, "algorithm_share"}
+    for key, label in _RATE_LABELS.items():  # printed as whole samples/s
+        shown = [ln for ln in lines if ln.split(":")[0].strip() == label]
+        assert len(shown) == 1 and f"{fig['throughput'][key]:,.0f} samples/s" in shown[0], key
     assert 0 < fig["throughput"]["algorithm_share"] < 1
     assert [(e["mix"], e["capacity"]) for e in fig["efficiency"]] == [
         ("lognormal", 4096), ("lognormal", 8192), ("bimodal", 4096), ("bimodal", 8192)]
-    assert len(printed["efficiency"]) == 4
-    for got, shown in zip(fig["efficiency"], printed["efficiency"]):  # printed with 3 decimals
-        assert (got["mix"], got["capacity"], got["l1"]) == (shown["mix"], shown["capacity"], shown["l1"])
+    for got in fig["efficiency"]:  # one printed row per entry, percentages with 3 decimals
+        rows = [ln for ln in lines if ln.split()[:3] == [got["mix"], str(got["capacity"]), str(got["l1"])]]
+        assert len(rows) == 1, got["mix"]
         assert [b["buffer"] for b in got["buffers"]] == [100, 1000, 10_000]
-        for b, sb in zip(got["buffers"], shown["buffers"]):
-            assert b["max_wait"] == sb["max_wait"]
-            assert abs(b["window_pct"] - sb["window_pct"]) <= 5e-4 and abs(b["carry_pct"] - sb["carry_pct"]) <= 5e-4
+        cells = [c.split() for c in rows[0].split("|")[1:]]
+        assert cells == [[f"{b['window_pct']:.3f}", f"{b['carry_pct']:.3f}", str(b["max_wait"])]
+                         for b in got["buffers"]]
     ok = fig["goals"]["throughput_ge_1M_per_s"]
     assert f"goal >= 1,000,000 samples/s: {'PASS' if ok else 'MISS'}" in p.stdout
     assert fig["state_dict"]["pickle_bytes"] > 0 and fig["rows"]["rows"] > 0
 
 
-def test_stream_quick_labels_verdict_lines_informational(tmp_path, capsys):
+def test_stream_quick_labels_verdict_lines_informational(tmp_path, capsys, monkeypatch):
     from seqpack_bench.stream import QUICK_NOTE, run_stream
 
-    script = tmp_path / "fake.py"
-    script.write_text("print('  goal >= 1,000,000 samples/s: MISS')\nprint('other line')\n")
-    run_stream(quick=True, script=script, out_dir=tmp_path)
+    def body(quick, echo, figures):
+        echo.verdict("  goal >= 1,000,000 samples/s: MISS", False)
+        echo.line("other line")
+
+    _fake_benchmark(monkeypatch, body)
+    run_stream(quick=True, out_dir=tmp_path)
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["  goal >= 1,000,000 samples/s: MISS (quick: informational)", "other line"]
     assert QUICK_NOTE in out
-
-
-def test_cli_bench_stream_script_folder_says_folder(tmp_path, monkeypatch):
-    calls = _forbid(monkeypatch, "seqpack_bench.stream", "run_stream")
-    r = CliRunner().invoke(_cli(), ["bench", "stream", "--script", str(tmp_path), "--out", str(tmp_path / "out")])
-    assert r.exit_code == 2
-    line = _one_line_error(r)
-    assert line.startswith(f"error: --script {tmp_path}: this is a folder, not a file") and "file not found" not in line
-    assert calls == []

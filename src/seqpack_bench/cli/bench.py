@@ -5,7 +5,7 @@ is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` pl
 Exit codes, as in ``seqpack train``: 2 for a bad option (one readable line naming it, before any work),
 1 for a data error found while running (``bench prepare``: a malformed file in the data folder),
 otherwise 0 (a MISS verdict is a measured result, not a failure); ``bench stream`` exits 1 when the
-benchmark (``seqpack_bench.bench_stream``, run in-process) fails, or relays the exit code of a ``--script``.
+benchmark (``seqpack_bench.bench_stream``, run in-process) fails.
 """
 
 from __future__ import annotations
@@ -83,8 +83,7 @@ _STREAM_HELP = (
     "Results: stream.json, stream_efficiency.png (packs above the L1 bound per buffer size) and "
     "stream_throughput.png in --out (default ./bench_results). With --quick its PASS/MISS lines are marked "
     "\"(quick: informational)\": the goals are judged on the full run.\n\n"
-    "Exit codes: 2 bad --script/--out (before any work), otherwise bench_stream.py's own (0 done, MISS "
-    "included; 1 it failed); with --script, that script's exit code."
+    "Exit codes: 2 bad --out (before any work), 1 the benchmark failed, otherwise 0 (MISS verdicts included)."
 )
 
 
@@ -163,22 +162,12 @@ def stream(
     quick: bool = typer.Option(False, "--quick",
                                help="The benchmark's quick sizes (300,000 lengths for throughput, 150,000 per "
                                     "efficiency set, 2 repeats): about 10 s on 2 cores."),
-    script: Optional[Path] = typer.Option(None, "--script",
-                                          help="A benchmark script of your own to run instead (a child process "
-                                               "given --json FILE, and --quick when asked); default: the built-in "
-                                               "seqpack_bench.bench_stream."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
                                   "(created if missing; not empty)."),
 ) -> None:
     """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack_bench.stream.run_stream`."""
-    if script is not None and script.is_dir():
-        _fail(f"--script {script}: this is a folder, not a file; pass --script PATH of a benchmark script, or "
-              "leave it out to run the built-in benchmark (seqpack_bench.bench_stream)", 2)
-    if script is not None and not script.is_file():
-        _fail(f"--script {script}: file not found; pass --script PATH of a benchmark script, or leave it out to run "
-              "the built-in benchmark (seqpack_bench.bench_stream)", 2)
     out_dir = _out_dir(out)
-    res = _stream.run_stream(quick=quick, script=script, out_dir=out_dir)
+    res = _stream.run_stream(quick=quick, out_dir=out_dir)
     print("wrote " + ", ".join(str(out_dir / n) for n in ["stream.json", *res["charts"]]))
     raise typer.Exit(res["returncode"])
