@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,3 +727,168 @@ def _level_swaps(sizes, bin_of, nb, loads, F, lmax, T, cap):
                 if loads[u] >= F:
                     break
     return swaps
+
+
+# --------------------------------------------------------------------------------------------
+# bucketed best fit decreasing over size groups (linear: O(n + C))
+# --------------------------------------------------------------------------------------------
+# A 64-ary bitset over 0..m-1 (one int64 word per 64 values, a summary level per 64 words):
+# set / clear / "smallest set value >= v" touch one word per level, ceil(log64(m)) <= 5 levels
+# for m <= MAX_CAPACITY_UNITS + 1.
+@njit(cache=True)
+def _bs_new(m):
+    nlev = 1
+    w = (m + 63) >> 6
+    tot = w
+    while w > 1:
+        w = (w + 63) >> 6
+        tot += w
+        nlev += 1
+    lo = np.empty(nlev + 1, np.int64)
+    w = (m + 63) >> 6
+    lo[0] = 0
+    for lev in range(nlev):
+        lo[lev + 1] = lo[lev] + w
+        w = (w + 63) >> 6
+    return np.zeros(tot, np.int64), lo
+
+
+@njit(cache=True)
+def _bs_set(bits, lo, v):
+    nlev = lo.shape[0] - 1
+    for lev in range(nlev):
+        w = lo[lev] + (v >> 6)
+        old = bits[w]
+        bits[w] = old | (np.int64(1) << (v & 63))
+        if old != 0:
+            return
+        v >>= 6
+
+
+@njit(cache=True)
+def _bs_clear(bits, lo, v):
+    nlev = lo.shape[0] - 1
+    for lev in range(nlev):
+        w = lo[lev] + (v >> 6)
+        new = bits[w] & ~(np.int64(1) << (v & 63))
+        bits[w] = new
+        if new != 0:
+            return
+        v >>= 6
+
+
+@njit(cache=True)
+def _bs_find_ge(bits, lo, v):
+    """Smallest set value >= v, or -1."""
+    nlev = lo.shape[0] - 1
+    lev = 0
+    while lev < nlev:
+        w = v >> 6
+        if lo[lev] + w >= lo[lev + 1]:
+            return -1
+        word = bits[lo[lev] + w] & (np.int64(-1) << (v & 63))
+        if word != 0:
+            v = (w << 6) + trailing_zeros(word)
+            while lev > 0:
+                lev -= 1
+                v = (v << 6) + trailing_zeros(bits[lo[lev] + v])
+            return v
+        v = w + 1
+        lev += 1
+    return -1
+
+
+@njit(cache=True)
+def size_groups(sizes, cap):
+    """(cnt int64[cap+1], start int64[cap+2]): items of size s, and where their slots begin in a
+    size-grouped array laid out by size descending (``start[s]``, region ``[start[s], start[s] + cnt[s])``)."""
+    cnt = np.zeros(cap + 1, np.int64)
+    for i in range(sizes.shape[0]):
+        cnt[sizes[i]] += 1
+    start = np.zeros(cap + 2, np.int64)
+    acc = 0
+    for s in range(cap, 0, -1):
+        start[s] = acc
+        acc += cnt[s]
+    start[0] = acc
+    start[cap + 1] = 0
+    return cnt, start
+
+
+@njit(cache=True)
+def grouped_best_fit(cnt, start, cap, n):
+    """Best fit decreasing on a size histogram, one size group at a time.
+
+    For the ``cnt[s]`` items of size ``s`` (sizes descending): the pack with the smallest room
+    ``r >= s`` (ties: the pack that reached room ``r`` last) takes ``min(left, r // s)`` of them
+    at once, because after one item its room ``r - s`` is again the smallest that fits while
+    ``r - s >= s``; with no such pack, new packs of ``cap // s`` items each open. This is exactly
+    item-by-item best fit decreasing (``best_fit`` over ``desc_order``), in O(n + cap) steps
+    (each step places >= 1 item or opens packs) plus O(log64 cap) per bitset update.
+
+    Returns (slot int64[n], nb, room int64[nb]): ``slot[start[s] + t]`` is the pack of the t-th
+    item of size ``s``; packs are numbered in opening order."""
+    slot = np.empty(n, np.int64)
+    head = np.full(cap + 1, -1, np.int64)
+    nxt = np.empty(n, np.int64)
+    room = np.empty(n, np.int64)
+    bits, lo = _bs_new(cap + 1)
+    nb = 0
+    for s in range(cap, 0, -1):
+        left = cnt[s]
+        if left == 0:
+            continue
+        p = start[s]
+        while left > 0:
+            r = _bs_find_ge(bits, lo, s)
+            if r < 0:
+                q = cap // s
+                while left > 0:
+                    j = q if left > q else left
+                    b = nb
+                    nb += 1
+                    for _ in range(j):
+                        slot[p] = b
+                        p += 1
+                    left -= j
+                    r2 = cap - j * s
+                    room[b] = r2
+                    if r2 > 0:
+                        if head[r2] < 0:
+                            _bs_set(bits, lo, r2)
+                        nxt[b] = head[r2]
+                        head[r2] = b
+                break
+            b = head[r]
+            head[r] = nxt[b]
+            if head[r] < 0:
+                _bs_clear(bits, lo, r)
+            j = r // s
+            if j > left:
+                j = left
+            for _ in range(j):
+                slot[p] = b
+                p += 1
+            left -= j
+            r2 = r - j * s
+            room[b] = r2
+            if r2 > 0:
+                if head[r2] < 0:
+                    _bs_set(bits, lo, r2)
+                nxt[b] = head[r2]
+                head[r2] = b
+    return slot, nb, room[:nb].copy()
+
+
+@njit(cache=True)
+def slots_to_bins(sizes, start, slot):
+    """bin_of int64[n] from size-grouped slots: the t-th item (ascending index) of size ``s`` goes
+    to ``slot[start[s] + t]``. O(n)."""
+    n = sizes.shape[0]
+    ptr = start.copy()
+    bin_of = np.empty(n, np.int64)
+    for i in range(n):
+        s = sizes[i]
+        bin_of[i] = slot[ptr[s]]
+        ptr[s] += 1
+    return bin_of
