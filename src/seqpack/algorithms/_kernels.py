@@ -892,3 +892,197 @@ def slots_to_bins(sizes, start, slot):
         bin_of[i] = slot[ptr[s]]
         ptr[s] += 1
     return bin_of
+
+
+@njit(cache=True)
+def level_slots(cnt, start, slot, loads, cap, tol):
+    """``level`` on size-grouped slots (see ``grouped_best_fit``): raise packs below the floor
+    F = min(max_load - tol, floor(mean load)) by moving short items out of packs that stay >= F
+    (largest that fits first), then by swapping one of their items for a slightly longer one
+    from such a pack. Items of one size are interchangeable, so a move or swap rewrites slot
+    entries only. Pack count and max load never change; no pack exceeds ``cap``. Modifies
+    ``slot`` and ``loads`` (int64[nb]) in place; returns moves + swaps.
+
+    Every candidate slot is examined once per phase (pointers per size only advance, donor loads
+    only fall): O(n + cap + moves * log cap), plus at most 64 x 64 look-ups per receiver item
+    and pass in the swap phase."""
+    nb = loads.shape[0]
+    if nb <= 1:
+        return 0
+    lmax = 0
+    total = 0
+    for b in range(nb):
+        total += loads[b]
+        if loads[b] > lmax:
+            lmax = loads[b]
+    F = lmax - tol
+    if total // nb < F:
+        F = total // nb
+    T = lmax - F
+    if T <= 0:
+        return 0
+    if T > cap:
+        T = cap
+    isrecv = np.zeros(nb, np.uint8)
+    nrecv = 0
+    for b in range(nb):
+        if loads[b] < F:
+            isrecv[b] = 1
+            nrecv += 1
+    if nrecv == 0:
+        return 0
+    recv = np.empty(nrecv, np.int64)
+    k = 0
+    for b in range(nb):
+        if isrecv[b]:
+            recv[k] = b
+            k += 1
+    # phase 1: sand moves
+    P = _pow2(T + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    ptr = start.copy()
+    for v in range(1, T + 1):
+        if cnt[v] > 0:
+            _vt_set(tree, P, v, 1)
+    moved = 0
+    for k in range(nrecv):
+        u = recv[k]
+        while loads[u] < F:
+            v = _find_le(tree, P, lmax - loads[u])
+            if v <= 0:
+                break
+            end = start[v] + cnt[v]
+            p = ptr[v]
+            while p < end:
+                d = slot[p]
+                if isrecv[d] == 0 and loads[d] - v >= F:
+                    break
+                p += 1
+            if p == end:
+                ptr[v] = end
+                _vt_set(tree, P, v, 0)
+                continue
+            d = slot[p]
+            slot[p] = u
+            loads[d] -= v
+            loads[u] += v
+            moved += 1
+            ptr[v] = p + 1
+            if p + 1 == end:
+                _vt_set(tree, P, v, 0)
+    # phase 2: swaps for the packs still below F
+    left = 0
+    for k in range(nrecv):
+        if loads[recv[k]] < F:
+            left += 1
+        else:
+            isrecv[recv[k]] = 2  # reached F: not a receiver of swaps, still never a donor
+    if left == 0:
+        return moved
+    rid = np.full(nb, -1, np.int64)
+    ru = np.empty(left, np.int64)
+    k2 = 0
+    for k in range(nrecv):
+        if isrecv[recv[k]] == 1:
+            rid[recv[k]] = k2
+            ru[k2] = recv[k]
+            k2 += 1
+    roff = np.zeros(left + 1, np.int64)
+    n = slot.shape[0]
+    for p in range(n):
+        r = rid[slot[p]]
+        if r >= 0:
+            roff[r + 1] += 1
+    for r in range(left):
+        roff[r + 1] += roff[r]
+    rpos = np.empty(roff[left], np.int64)
+    rsz = np.empty(roff[left], np.int64)
+    fill = roff[:-1].copy()
+    for s in range(cap, 0, -1):
+        for p in range(start[s], start[s] + cnt[s]):
+            r = rid[slot[p]]
+            if r >= 0:
+                rpos[fill[r]] = p
+                rsz[fill[r]] = s
+                fill[r] += 1
+    P2 = _pow2(cap + 1)
+    tree2 = np.zeros(2 * P2, np.uint8)
+    q = start.copy()
+    for v in range(1, cap + 1):
+        if cnt[v] > 0:
+            _vt_set(tree2, P2, v, 1)
+    swaps = 0
+    for r in range(left):
+        u = ru[r]
+        progress = True
+        while loads[u] < F and progress:
+            progress = False
+            for k in range(roff[r], roff[r + 1]):
+                sa = rsz[k]
+                room = lmax - loads[u]
+                if room > T:
+                    room = T
+                if room <= 0:
+                    break
+                v = _find_le(tree2, P2, sa + room)
+                found = -1
+                tries = 0
+                while v > sa and tries < 64:
+                    tries += 1
+                    end = start[v] + cnt[v]
+                    p = q[v]
+                    while p < end and (isrecv[slot[p]] != 0 or loads[slot[p]] <= F):
+                        p += 1  # packs at or below F can give nothing any more
+                    q[v] = p
+                    if p == end:
+                        _vt_set(tree2, P2, v, 0)
+                    else:
+                        delta = v - sa
+                        lim = p + 64
+                        if lim > end:
+                            lim = end
+                        while p < lim:
+                            d = slot[p]
+                            if isrecv[d] == 0 and loads[d] - delta >= F:
+                                found = p
+                                break
+                            p += 1
+                        if found >= 0:
+                            break
+                    v = _find_le(tree2, P2, v - 1)
+                if found < 0:
+                    continue
+                d = slot[found]
+                delta = v - sa
+                slot[found] = u
+                slot[rpos[k]] = d
+                loads[u] += delta
+                loads[d] -= delta
+                rpos[k] = found
+                rsz[k] = v
+                swaps += 1
+                progress = True
+                if loads[u] >= F:
+                    break
+    return moved + swaps
+
+
+@njit(cache=True)
+def csr_and_loads(bin_of, nb, sizes):
+    """``csr_by_bin`` and ``loads_of`` in two passes over the items instead of three."""
+    n = bin_of.shape[0]
+    off = np.zeros(nb + 1, np.int64)
+    loads = np.zeros(nb, np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        off[b + 1] += 1
+        loads[b] += sizes[i]
+    for b in range(nb):
+        off[b + 1] += off[b]
+    pos = off[:-1].copy()
+    items = np.empty(n, np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        items[pos[b]] = i
+        pos[b] += 1
+    return off, items, loads
