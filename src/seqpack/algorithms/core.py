@@ -17,6 +17,7 @@ from seqpack.algorithms import strategies as S
 from seqpack.algorithms.plan import (
     MAX_CAPACITY_UNITS,
     PackingPlan,
+    _FlatPacks,
     _as_int,
     _check_range,
     _round_up,
@@ -196,18 +197,17 @@ def pack_lengths(
     else:
         bin_of, nb = _IMPL[algo](units, cap, seed)
     nb = int(nb)
-    off, items = K.csr_by_bin(bin_of, nb)
+    off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if nb and np.any(off[1:] == off[:-1]):  # drop packs a kernel left empty (none should)
         keep = np.flatnonzero(off[1:] > off[:-1])
         bin_of = np.searchsorted(keep, bin_of).astype(np.int64)
         nb = int(keep.size)
-        off, items = K.csr_by_bin(bin_of, nb)
-    loads = K.loads_of(padded, bin_of, nb)
+        off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if shuffle_packs and nb > 1:
         perm = S._rng(seed, 2).permutation(nb)
     else:
         perm = np.arange(nb)
-    bins = [items[off[b]:off[b + 1]] for b in perm.tolist()]
+    bins = _FlatPacks((items, off, perm))
     total_pad = int(padded.sum())
     return PackingPlan(
         bins=bins,
