@@ -900,7 +900,7 @@ def level_slots(cnt, start, slot, loads, cap, tol):
     F = min(max_load - tol, floor(mean load)) by moving short items out of packs that stay >= F
     (largest that fits first), then by swapping one of their items for a slightly longer one
     from such a pack. Items of one size are interchangeable, so a move or swap rewrites slot
-    entries only. Pack count and max load never change; no pack exceeds ``cap``. Modifies
+    entries only. The pack count never changes, the max load never rises. Modifies
     ``slot`` and ``loads`` (int64[nb]) in place; returns moves + swaps.
 
     Every candidate slot is examined once per phase (pointers per size only advance, donor loads
