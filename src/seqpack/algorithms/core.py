@@ -1,8 +1,8 @@
 """Bin packing of sequence lengths into fixed-capacity packs (imports only the ground floor, ``seqpack.padding``).
 
 Entry point: :func:`pack_lengths` -> :class:`PackingPlan`. Algorithms: :class:`PackingAlgorithm`.
-All kernels are numba-compiled (``seqpack.algorithms._kernels``) and run in O(n log n) or
-O(n log capacity) for any integer capacity (no power-of-two assumption, case B13).
+All kernels are numba-compiled (``seqpack.algorithms._kernels``) and run in O(n + capacity),
+O(n log n) or O(n log capacity) for any integer capacity (no power-of-two assumption, case B13).
 """
 
 from __future__ import annotations
@@ -65,11 +65,9 @@ class PackingAlgorithm(str, Enum):
       first, then leveling). Short samples still follow length order: padding each pack's samples
       as one batch costs 1.59x the real tokens on the alpaca demo at C = 2048, against 2.33x for
       random batches (``first_fit_shuffle``: 2.35x) and 1.13x for ``balanced_best_fit``.
-    * ``balanced_best_fit`` (default): pack count, then equal loads; O(n log C); this library
-      (BFD + "sand" leveling, FFD/MFFD/Minimum-Bin-Slack portfolio when BFD is above L2).
-
-    Measured on 1M lognormal SFT lengths at C = 4096 (``benchmarks/bench_algorithms.py``):
-    the default reaches L1 + 2 packs with a 20-token load spread in ~0.15 s on one core.
+    * ``balanced_best_fit`` (default): pack count, then equal loads; O(n + C); this library
+      (the packs of BFD computed per length group + "sand" leveling; an FFD/MFFD/Minimum-Bin-Slack
+      portfolio when BFD is above L2 on small inputs or few distinct lengths).
     """
 
     concatenative = "concatenative"
