@@ -147,8 +147,10 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
     3. Leveling: with F = min(max_load - C/200, floor(mean load)), every pack below F receives,
        largest first, short samples ("sand") taken from packs that stay >= F; where sand runs
        out, it swaps one of its samples for a slightly longer one from such a pack (chains of
-       swaps). The pack count and the maximum load never change. On SFT mixes this brings the
-       load spread (max - min) to <= 0.5% of C (20 tokens at C = 4096).
+       swaps). The pack count never changes and the maximum load never rises. On SFT mixes this
+       brings the load spread (max - min) to <= 0.5% of C (20 tokens at C = 4096). Large inputs
+       level the size-grouped slots (``_kernels.level_slots``, linear); small ones, and portfolio
+       winners, level per item (``_kernels.level``).
     Optimises: pack count first, then equal loads. ``detail["winner"]`` names the member whose
     packs were kept (``"bfd"``, ``"mffd"``, ``"ffd"`` or ``"mbs"``)."""
     n = sizes.size
@@ -158,8 +160,8 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
     winner = "bfd"
     l2 = None
     l1 = -(-int(sizes.sum()) // cap)
+    small = n <= PORTFOLIO_ALWAYS_ITEMS
     if nb > l1:
-        small = n <= PORTFOLIO_ALWAYS_ITEMS
         few = int(np.count_nonzero(cnt)) <= MIN_SLACK_MAX_DISTINCT
         if small or few:
             l2 = lower_bound_l2(sizes, cap)
@@ -176,6 +178,8 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
                     bin_of, nb, winner = b2, n2, name
                 if nb <= l2:
                     break
+    if bin_of is None and small:
+        bin_of = K.slots_to_bins(sizes, start, slot)  # small inputs: item-level leveling, as for a portfolio winner
     if bin_of is None:
         loads = cap - room
         moved = K.level_slots(cnt, start, slot, loads, cap, _level_tol(cap))
