@@ -471,3 +471,90 @@ def test_mffd_equals_reference(seed):
         x = rng.choice([cap // 2 + 1, cap // 3 + 1, cap // 4, cap // 5 + 1, 1], len(x)).clip(1, cap).tolist()
     plan = pack_lengths(x, cap, "modified_first_fit_decreasing", shuffle_packs=False)
     assert ordered_sets(plan) == ref_mffd(x, cap)
+
+
+# ------------------------------------------------------------------------------------------------
+# the linear kernels of the default: grouped best fit and leveling on size-grouped slots
+# ------------------------------------------------------------------------------------------------
+def _opt_bins(sizes, cap):
+    """Exact optimum by a DP over subsets (tiny inputs only)."""
+    n = len(sizes)
+    full = (1 << n) - 1
+    best = [(n + 1, 0)] * (1 << n)  # (bins, load of the last bin)
+    best[0] = (0, cap)
+    for m in range(1 << n):
+        b, load = best[m]
+        for i in range(n):
+            if not m >> i & 1:
+                s = sizes[i]
+                cand = (b, load + s) if load + s <= cap else (b + 1, s)
+                if cand < best[m | 1 << i]:
+                    best[m | 1 << i] = cand
+    return best[full][0]
+
+
+@st.composite
+def grouped_instances(draw):
+    cap = draw(st.sampled_from([1, 2, 7, 10, 63, 64, 65, 100, 4097]))
+    n = draw(st.integers(1, 80))
+    lengths = draw(st.lists(st.integers(1, cap), min_size=n, max_size=n))
+    return np.array(lengths, np.int64), cap
+
+
+@settings(deadline=None, max_examples=200)
+@given(inst=grouped_instances())
+def test_grouped_best_fit_packs_each_index_once_and_equals_bfd(inst):
+    from seqpack.algorithms import _kernels as K
+
+    x, cap = inst
+    cnt, start = K.size_groups(x, cap)
+    slot, nb, room = K.grouped_best_fit(cnt, start, cap, x.size)
+    bin_of = K.slots_to_bins(x, start, slot)
+    assert bin_of.min() >= 0 and bin_of.max() == nb - 1  # every index in exactly one pack, none empty
+    loads = K.loads_of(x, bin_of, nb)
+    assert loads.max() <= cap and np.array_equal(loads, cap - room)
+    ref, nb_ref = K.best_fit(x, K.desc_order(x, cap), cap)  # item-by-item best fit decreasing
+    assert nb == nb_ref and np.array_equal(bin_of, ref)
+    again = K.slots_to_bins(x, start, K.grouped_best_fit(cnt, start, cap, x.size)[0])
+    assert np.array_equal(again, bin_of)  # deterministic
+    if x.size <= 9:
+        assert nb <= 11 / 9 * _opt_bins(x.tolist(), cap) + 6 / 9  # the FFD / BFD worst-case bound
+
+
+@settings(deadline=None, max_examples=200)
+@given(inst=grouped_instances(), tol=st.integers(1, 50))
+def test_level_slots_keeps_count_and_capacity(inst, tol):
+    from seqpack.algorithms import _kernels as K
+
+    x, cap = inst
+    cnt, start = K.size_groups(x, cap)
+    slot, nb, room = K.grouped_best_fit(cnt, start, cap, x.size)
+    loads = cap - room
+    lmax = loads.max()
+    K.level_slots(cnt, start, slot, loads, cap, tol)
+    bin_of = K.slots_to_bins(x, start, slot)
+    assert np.array_equal(np.bincount(bin_of, minlength=nb) > 0, np.ones(nb, bool))  # no pack emptied
+    real = K.loads_of(x, bin_of, nb)
+    assert np.array_equal(real, loads) and real.max() <= lmax <= cap  # the max load never rises
+
+
+@settings(deadline=None, max_examples=60)
+@given(inst=grouped_instances(), seed=st.integers(0, 2**31 - 1))
+def test_default_plan_deterministic_per_seed_and_flat_bins_agree(inst, seed):
+    x, cap = inst
+    plan = pack_lengths(x, cap, seed=seed)
+    items, offsets = plan.flat_bins()  # read before bins are built
+    ids = plan.bin_ids()
+    check_plan(plan, x)
+    assert [items[offsets[j]:offsets[j + 1]].tolist() for j in range(plan.num_bins)] == [b.tolist() for b in plan.bins]
+    assert all(np.all(ids[b] == j) for j, b in enumerate(plan.bins))
+    again = pack_lengths(x, cap, seed=seed)
+    assert ordered_sets(again) == ordered_sets(plan) and np.array_equal(again.bin_loads, plan.bin_loads)
+
+
+def test_default_large_input_skips_portfolio_and_reports_winner():
+    x = lognormal(300_000, seed=9)
+    plan = pack_lengths(x, 4096)
+    bfd = pack_lengths(x, 4096, "best_fit_decreasing")
+    assert plan.detail["winner"] == "bfd" and plan.num_bins == bfd.num_bins
+    assert plan.load_spread <= 0.01 * 4096 and plan.bin_loads.max() == bfd.bin_loads.max()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,3 +727,362 @@ def _level_swaps(sizes, bin_of, nb, loads, F, lmax, T, cap):
                 if loads[u] >= F:
                     break
     return swaps
+
+
+# --------------------------------------------------------------------------------------------
+# bucketed best fit decreasing over size groups (linear: O(n + C))
+# --------------------------------------------------------------------------------------------
+# A 64-ary bitset over 0..m-1 (one int64 word per 64 values, a summary level per 64 words):
+# set / clear / "smallest set value >= v" touch one word per level, ceil(log64(m)) <= 5 levels
+# for m <= MAX_CAPACITY_UNITS + 1.
+@njit(cache=True)
+def _bs_new(m):
+    nlev = 1
+    w = (m + 63) >> 6
+    tot = w
+    while w > 1:
+        w = (w + 63) >> 6
+        tot += w
+        nlev += 1
+    lo = np.empty(nlev + 1, np.int64)
+    w = (m + 63) >> 6
+    lo[0] = 0
+    for lev in range(nlev):
+        lo[lev + 1] = lo[lev] + w
+        w = (w + 63) >> 6
+    return np.zeros(tot, np.int64), lo
+
+
+@njit(cache=True)
+def _bs_set(bits, lo, v):
+    nlev = lo.shape[0] - 1
+    for lev in range(nlev):
+        w = lo[lev] + (v >> 6)
+        old = bits[w]
+        bits[w] = old | (np.int64(1) << (v & 63))
+        if old != 0:
+            return
+        v >>= 6
+
+
+@njit(cache=True)
+def _bs_clear(bits, lo, v):
+    nlev = lo.shape[0] - 1
+    for lev in range(nlev):
+        w = lo[lev] + (v >> 6)
+        new = bits[w] & ~(np.int64(1) << (v & 63))
+        bits[w] = new
+        if new != 0:
+            return
+        v >>= 6
+
+
+@njit(cache=True)
+def _bs_find_ge(bits, lo, v):
+    """Smallest set value >= v, or -1."""
+    nlev = lo.shape[0] - 1
+    lev = 0
+    while lev < nlev:
+        w = v >> 6
+        if lo[lev] + w >= lo[lev + 1]:
+            return -1
+        word = bits[lo[lev] + w] & (np.int64(-1) << (v & 63))
+        if word != 0:
+            v = (w << 6) + trailing_zeros(word)
+            while lev > 0:
+                lev -= 1
+                v = (v << 6) + trailing_zeros(bits[lo[lev] + v])
+            return v
+        v = w + 1
+        lev += 1
+    return -1
+
+
+@njit(cache=True)
+def size_groups(sizes, cap):
+    """(cnt int64[cap+1], start int64[cap+2]): items of size s, and where their slots begin in a
+    size-grouped array laid out by size descending (``start[s]``, region ``[start[s], start[s] + cnt[s])``)."""
+    cnt = np.zeros(cap + 1, np.int64)
+    for i in range(sizes.shape[0]):
+        cnt[sizes[i]] += 1
+    start = np.zeros(cap + 2, np.int64)
+    acc = 0
+    for s in range(cap, 0, -1):
+        start[s] = acc
+        acc += cnt[s]
+    start[0] = acc
+    start[cap + 1] = 0
+    return cnt, start
+
+
+@njit(cache=True)
+def grouped_best_fit(cnt, start, cap, n):
+    """Best fit decreasing on a size histogram, one size group at a time.
+
+    For the ``cnt[s]`` items of size ``s`` (sizes descending): the pack with the smallest room
+    ``r >= s`` (ties: the pack that reached room ``r`` last) takes ``min(left, r // s)`` of them
+    at once, because after one item its room ``r - s`` is again the smallest that fits while
+    ``r - s >= s``; with no such pack, new packs of ``cap // s`` items each open. This is exactly
+    item-by-item best fit decreasing (``best_fit`` over ``desc_order``), in O(n + cap) steps
+    (each step places >= 1 item or opens packs) plus O(log64 cap) per bitset update.
+
+    Returns (slot int64[n], nb, room int64[nb]): ``slot[start[s] + t]`` is the pack of the t-th
+    item of size ``s``; packs are numbered in opening order."""
+    slot = np.empty(n, np.int64)
+    head = np.full(cap + 1, -1, np.int64)
+    nxt = np.empty(n, np.int64)
+    room = np.empty(n, np.int64)
+    bits, lo = _bs_new(cap + 1)
+    nb = 0
+    for s in range(cap, 0, -1):
+        left = cnt[s]
+        if left == 0:
+            continue
+        p = start[s]
+        while left > 0:
+            r = _bs_find_ge(bits, lo, s)
+            if r < 0:
+                q = cap // s
+                while left > 0:
+                    j = q if left > q else left
+                    b = nb
+                    nb += 1
+                    for _ in range(j):
+                        slot[p] = b
+                        p += 1
+                    left -= j
+                    r2 = cap - j * s
+                    room[b] = r2
+                    if r2 > 0:
+                        if head[r2] < 0:
+                            _bs_set(bits, lo, r2)
+                        nxt[b] = head[r2]
+                        head[r2] = b
+                break
+            b = head[r]
+            head[r] = nxt[b]
+            if head[r] < 0:
+                _bs_clear(bits, lo, r)
+            j = r // s
+            if j > left:
+                j = left
+            for _ in range(j):
+                slot[p] = b
+                p += 1
+            left -= j
+            r2 = r - j * s
+            room[b] = r2
+            if r2 > 0:
+                if head[r2] < 0:
+                    _bs_set(bits, lo, r2)
+                nxt[b] = head[r2]
+                head[r2] = b
+    return slot, nb, room[:nb].copy()
+
+
+@njit(cache=True)
+def slots_to_bins(sizes, start, slot):
+    """bin_of int64[n] from size-grouped slots: the t-th item (ascending index) of size ``s`` goes
+    to ``slot[start[s] + t]``. O(n)."""
+    n = sizes.shape[0]
+    ptr = start.copy()
+    bin_of = np.empty(n, np.int64)
+    for i in range(n):
+        s = sizes[i]
+        bin_of[i] = slot[ptr[s]]
+        ptr[s] += 1
+    return bin_of
+
+
+@njit(cache=True)
+def level_slots(cnt, start, slot, loads, cap, tol):
+    """``level`` on size-grouped slots (see ``grouped_best_fit``): raise packs below the floor
+    F = min(max_load - tol, floor(mean load)) by moving short items out of packs that stay >= F
+    (largest that fits first), then by swapping one of their items for a slightly longer one
+    from such a pack. Items of one size are interchangeable, so a move or swap rewrites slot
+    entries only. The pack count never changes, the max load never rises. Modifies
+    ``slot`` and ``loads`` (int64[nb]) in place; returns moves + swaps.
+
+    Every candidate slot is examined once per phase (pointers per size only advance, donor loads
+    only fall): O(n + cap + moves * log cap), plus at most 64 x 64 look-ups per receiver item
+    and pass in the swap phase."""
+    nb = loads.shape[0]
+    if nb <= 1:
+        return 0
+    lmax = 0
+    total = 0
+    for b in range(nb):
+        total += loads[b]
+        if loads[b] > lmax:
+            lmax = loads[b]
+    F = lmax - tol
+    if total // nb < F:
+        F = total // nb
+    T = lmax - F
+    if T <= 0:
+        return 0
+    if T > cap:
+        T = cap
+    isrecv = np.zeros(nb, np.uint8)
+    nrecv = 0
+    for b in range(nb):
+        if loads[b] < F:
+            isrecv[b] = 1
+            nrecv += 1
+    if nrecv == 0:
+        return 0
+    recv = np.empty(nrecv, np.int64)
+    k = 0
+    for b in range(nb):
+        if isrecv[b]:
+            recv[k] = b
+            k += 1
+    # phase 1: sand moves
+    P = _pow2(T + 1)
+    tree = np.zeros(2 * P, np.uint8)
+    ptr = start.copy()
+    for v in range(1, T + 1):
+        if cnt[v] > 0:
+            _vt_set(tree, P, v, 1)
+    moved = 0
+    for k in range(nrecv):
+        u = recv[k]
+        while loads[u] < F:
+            v = _find_le(tree, P, lmax - loads[u])
+            if v <= 0:
+                break
+            end = start[v] + cnt[v]
+            p = ptr[v]
+            while p < end:
+                d = slot[p]
+                if isrecv[d] == 0 and loads[d] - v >= F:
+                    break
+                p += 1
+            if p == end:
+                ptr[v] = end
+                _vt_set(tree, P, v, 0)
+                continue
+            d = slot[p]
+            slot[p] = u
+            loads[d] -= v
+            loads[u] += v
+            moved += 1
+            ptr[v] = p + 1
+            if p + 1 == end:
+                _vt_set(tree, P, v, 0)
+    # phase 2: swaps for the packs still below F
+    left = 0
+    for k in range(nrecv):
+        if loads[recv[k]] < F:
+            left += 1
+        else:
+            isrecv[recv[k]] = 2  # reached F: not a receiver of swaps, still never a donor
+    if left == 0:
+        return moved
+    rid = np.full(nb, -1, np.int64)
+    ru = np.empty(left, np.int64)
+    k2 = 0
+    for k in range(nrecv):
+        if isrecv[recv[k]] == 1:
+            rid[recv[k]] = k2
+            ru[k2] = recv[k]
+            k2 += 1
+    roff = np.zeros(left + 1, np.int64)
+    n = slot.shape[0]
+    for p in range(n):
+        r = rid[slot[p]]
+        if r >= 0:
+            roff[r + 1] += 1
+    for r in range(left):
+        roff[r + 1] += roff[r]
+    rpos = np.empty(roff[left], np.int64)
+    rsz = np.empty(roff[left], np.int64)
+    fill = roff[:-1].copy()
+    for s in range(cap, 0, -1):
+        for p in range(start[s], start[s] + cnt[s]):
+            r = rid[slot[p]]
+            if r >= 0:
+                rpos[fill[r]] = p
+                rsz[fill[r]] = s
+                fill[r] += 1
+    P2 = _pow2(cap + 1)
+    tree2 = np.zeros(2 * P2, np.uint8)
+    q = start.copy()
+    for v in range(1, cap + 1):
+        if cnt[v] > 0:
+            _vt_set(tree2, P2, v, 1)
+    swaps = 0
+    for r in range(left):
+        u = ru[r]
+        progress = True
+        while loads[u] < F and progress:
+            progress = False
+            for k in range(roff[r], roff[r + 1]):
+                sa = rsz[k]
+                room = lmax - loads[u]
+                if room > T:
+                    room = T
+                if room <= 0:
+                    break
+                v = _find_le(tree2, P2, sa + room)
+                found = -1
+                tries = 0
+                while v > sa and tries < 64:
+                    tries += 1
+                    end = start[v] + cnt[v]
+                    p = q[v]
+                    while p < end and (isrecv[slot[p]] != 0 or loads[slot[p]] <= F):
+                        p += 1  # packs at or below F can give nothing any more
+                    q[v] = p
+                    if p == end:
+                        _vt_set(tree2, P2, v, 0)
+                    else:
+                        delta = v - sa
+                        lim = p + 64
+                        if lim > end:
+                            lim = end
+                        while p < lim:
+                            d = slot[p]
+                            if isrecv[d] == 0 and loads[d] - delta >= F:
+                                found = p
+                                break
+                            p += 1
+                        if found >= 0:
+                            break
+                    v = _find_le(tree2, P2, v - 1)
+                if found < 0:
+                    continue
+                d = slot[found]
+                delta = v - sa
+                slot[found] = u
+                slot[rpos[k]] = d
+                loads[u] += delta
+                loads[d] -= delta
+                rpos[k] = found
+                rsz[k] = v
+                swaps += 1
+                progress = True
+                if loads[u] >= F:
+                    break
+    return moved + swaps
+
+
+@njit(cache=True)
+def csr_and_loads(bin_of, nb, sizes):
+    """``csr_by_bin`` and ``loads_of`` in two passes over the items instead of three."""
+    n = bin_of.shape[0]
+    off = np.zeros(nb + 1, np.int64)
+    loads = np.zeros(nb, np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        off[b + 1] += 1
+        loads[b] += sizes[i]
+    for b in range(nb):
+        off[b + 1] += off[b]
+    pos = off[:-1].copy()
+    items = np.empty(n, np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        items[pos[b]] = i
+        pos[b] += 1
+    return off, items, loads

@@ -1,8 +1,8 @@
 """Bin packing of sequence lengths into fixed-capacity packs (imports only the ground floor, ``seqpack.padding``).
 
 Entry point: :func:`pack_lengths` -> :class:`PackingPlan`. Algorithms: :class:`PackingAlgorithm`.
-All kernels are numba-compiled (``seqpack.algorithms._kernels``) and run in O(n log n) or
-O(n log capacity) for any integer capacity (no power-of-two assumption, case B13).
+All kernels are numba-compiled (``seqpack.algorithms._kernels``) and run in O(n + capacity),
+O(n log n) or O(n log capacity) for any integer capacity (no power-of-two assumption, case B13).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from seqpack.algorithms import strategies as S
 from seqpack.algorithms.plan import (
     MAX_CAPACITY_UNITS,
     PackingPlan,
+    _FlatPacks,
     _as_int,
     _check_range,
     _round_up,
@@ -64,11 +65,10 @@ class PackingAlgorithm(str, Enum):
       first, then leveling). Short samples still follow length order: padding each pack's samples
       as one batch costs 1.59x the real tokens on the alpaca demo at C = 2048, against 2.33x for
       random batches (``first_fit_shuffle``: 2.35x) and 1.13x for ``balanced_best_fit``.
-    * ``balanced_best_fit`` (default): pack count, then equal loads; O(n log C); this library
-      (BFD + "sand" leveling, FFD/MFFD/Minimum-Bin-Slack portfolio when BFD is above L2).
-
-    Measured on 1M lognormal SFT lengths at C = 4096 (``seqpack bench algorithms``; docs/measured.md):
-    the default reaches L1 + 2 packs with a 20-token load spread in ~0.15 s on one core.
+    * ``balanced_best_fit`` (default): pack count, then equal loads; O(n + C); this library
+      (the packs of BFD computed per length group + "sand" leveling; an FFD/MFFD/Minimum-Bin-Slack
+      portfolio when BFD is above L2 on small inputs or few distinct lengths). Measured figures:
+      ``seqpack bench algorithms`` and docs/measured.md.
     """
 
     concatenative = "concatenative"
@@ -196,18 +196,17 @@ def pack_lengths(
     else:
         bin_of, nb = _IMPL[algo](units, cap, seed)
     nb = int(nb)
-    off, items = K.csr_by_bin(bin_of, nb)
+    off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if nb and np.any(off[1:] == off[:-1]):  # drop packs a kernel left empty (none should)
         keep = np.flatnonzero(off[1:] > off[:-1])
         bin_of = np.searchsorted(keep, bin_of).astype(np.int64)
         nb = int(keep.size)
-        off, items = K.csr_by_bin(bin_of, nb)
-    loads = K.loads_of(padded, bin_of, nb)
+        off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if shuffle_packs and nb > 1:
         perm = S._rng(seed, 2).permutation(nb)
     else:
         perm = np.arange(nb)
-    bins = [items[off[b]:off[b + 1]] for b in perm.tolist()]
+    bins = _FlatPacks((items, off, perm))
     total_pad = int(padded.sum())
     return PackingPlan(
         bins=bins,

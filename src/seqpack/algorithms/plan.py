@@ -27,7 +27,9 @@ class PackingPlan:
     Attributes:
         bins: one ``np.ndarray[int64]`` per pack: indices into the input ``lengths``, ascending
             within a pack; packs in output order (shuffled with the seed unless
-            ``shuffle_packs=False``).
+            ``shuffle_packs=False``). :func:`pack_lengths` keeps the packs as flat arrays and
+            builds this list on first access (a list of views, ~0.1-0.2 us per pack);
+            :meth:`flat_bins` and :meth:`bin_ids` read the flat arrays directly.
         num_bins: number of packs.
         lower_bound: L1 = ``ceil(sum(padded lengths) / capacity)``.
         utilization: real (unpadded) tokens / (``num_bins * capacity``); 0.0 for an empty plan.
@@ -49,6 +51,39 @@ class PackingPlan:
     pad_to_multiple_of: int = 1
     detail: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.bins, _FlatPacks):  # built lazily by __getattr__
+            self.__dict__["_flat"] = self.__dict__.pop("bins")
+
+    def __getattr__(self, name: str):
+        flat = self.__dict__.get("_flat") if name == "bins" else None
+        if flat is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        items, off, perm = flat
+        bins = [items[off[b]:off[b + 1]] for b in perm.tolist()]
+        self.__dict__["bins"] = bins
+        return bins
+
+    def flat_bins(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(items int64[n], offsets int64[num_bins + 1])``: pack ``j`` (position in ``bins``) is
+        ``items[offsets[j]:offsets[j + 1]]``, the same indices as ``bins[j]``."""
+        flat = self.__dict__.get("_flat")
+        if flat is None or "bins" in self.__dict__:
+            sizes = np.fromiter((len(b) for b in self.bins), np.int64, len(self.bins))
+            offsets = np.zeros(sizes.size + 1, np.int64)
+            np.cumsum(sizes, out=offsets[1:])
+            items = np.concatenate(self.bins) if self.bins else np.zeros(0, np.int64)
+            return items.astype(np.int64, copy=False), offsets
+        items, off, perm = flat
+        sizes = (off[1:] - off[:-1])[perm]
+        offsets = np.zeros(perm.size + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        if perm.size and np.array_equal(perm, np.arange(perm.size)):
+            return items, offsets
+        starts = off[:-1][perm]
+        gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(items.size, dtype=np.int64)
+        return items[gather], offsets
+
     @property
     def load_spread(self) -> int:
         """max - min padded pack load (tokens); 0 for <= 1 pack."""
@@ -57,12 +92,17 @@ class PackingPlan:
         return int(self.bin_loads.max() - self.bin_loads.min())
 
     def bin_ids(self, n: int | None = None) -> np.ndarray:
-        """``int64[n]``: the pack (position in ``bins``) of each input index."""
-        n = sum(len(b) for b in self.bins) if n is None else n
+        """``int64[n]``: the pack (position in ``bins``) of each input index (-1 if unpacked)."""
+        items, offsets = self.flat_bins()
+        n = items.size if n is None else n
         out = np.full(n, -1, np.int64)
-        for j, b in enumerate(self.bins):
-            out[b] = j
+        out[items] = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
         return out
+
+
+class _FlatPacks(tuple):
+    """``(items, offsets, perm)``: packs as CSR arrays in kernel order, ``perm`` the output order;
+    passed as ``PackingPlan.bins`` to have the list built on first access."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,56 +122,70 @@ def _level_tol(cap: int) -> int:
     return max(1, cap // 200)
 
 
-#: Portfolio policy of ``balanced_best_fit``: the portfolio runs when BFD is above L2 and either
-#: the input is small (<= PORTFOLIO_ALWAYS_ITEMS) or BFD is more than PORTFOLIO_GAP * L2 packs
-#: above L2 (on 1M SFT lengths BFD lands at L1 + 2, where the portfolio would only cost time).
+#: Portfolio policy of ``balanced_best_fit``: when BFD is above L2, MFFD / FFD / minimum bin slack
+#: also run on inputs of <= PORTFOLIO_ALWAYS_ITEMS items; above that only minimum bin slack, and
+#: only for <= MIN_SLACK_MAX_DISTINCT distinct lengths (where it is linear in n).
 PORTFOLIO_ALWAYS_ITEMS = 200_000
-PORTFOLIO_GAP = 1e-4
-#: Minimum-bin-slack member: search steps per pack, and when it runs (few items, or few distinct sizes).
+#: Minimum-bin-slack member: search steps per pack, and the distinct-length limit for large inputs.
 MIN_SLACK_BUDGET = 2000
-MIN_SLACK_MAX_ITEMS = 200_000
 MIN_SLACK_MAX_DISTINCT = 256
 
 
-def _n_distinct(sizes, cap) -> int:
-    return int(np.count_nonzero(np.bincount(sizes, minlength=cap + 1)))
-
-
 def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
-    """Default. Best fit decreasing, then "sand" leveling, with a portfolio guard.
+    """Default. Best fit decreasing on the size histogram, then "sand" leveling; a portfolio guard
+    on small inputs.
 
-    1. BFD (see ``best_fit_decreasing``): on SFT-like length mixes this already reaches
-       L1 (or L1 + a handful) packs, with all packs full except a few at the tail.
-    2. If that is above the Martello–Toth bound L2 (and the input has <= 200k items or BFD is
-       more than 0.01% above L2), also run MFFD, FFD and Minimum Bin Slack (Gupta & Ho 1999,
-       bounded DFS; only for <= 200k items or <= 256 distinct lengths) and keep the fewest packs
-       (BFD wins ties), so on small inputs the default never uses more packs than FFD.
+    1. BFD (the packs of ``best_fit_decreasing``) computed one size group at a time
+       (``_kernels.grouped_best_fit``, O(n + C)): on SFT-like length mixes this reaches L1 (or
+       L1 + a handful) packs, with all packs full except a few at the tail.
+    2. Only for <= PORTFOLIO_ALWAYS_ITEMS items, or <= MIN_SLACK_MAX_DISTINCT distinct lengths,
+       and when BFD is above the Martello-Toth bound L2: also MFFD, FFD (small inputs only) and
+       Minimum Bin Slack (Gupta & Ho 1999, bounded DFS, linear in n for few distinct lengths);
+       the fewest packs win (BFD wins ties), so on small inputs the default never uses more packs
+       than FFD. Large inputs with many distinct lengths skip it: it costs O(n log n) and on
+       measured mixes gains nothing over BFD.
     3. Leveling: with F = min(max_load - C/200, floor(mean load)), every pack below F receives,
        largest first, short samples ("sand") taken from packs that stay >= F; where sand runs
        out, it swaps one of its samples for a slightly longer one from such a pack (chains of
-       swaps). The pack count and the maximum load never change. On SFT mixes this brings the
-       load spread (max - min) to <= 0.5% of C (20 tokens at C = 4096).
-    Optimises: pack count first, then equal loads. O(n log C) (+ the portfolio when step 1 is
-    not provably optimal)."""
-    bin_of, nb = K.best_fit(sizes, K.desc_order(sizes, cap), cap)
+       swaps). The pack count never changes and the maximum load never rises. On SFT mixes this
+       brings the load spread (max - min) to <= 0.5% of C (20 tokens at C = 4096). Large inputs
+       level the size-grouped slots (``_kernels.level_slots``, linear); small ones, and portfolio
+       winners, level per item (``_kernels.level``).
+    Optimises: pack count first, then equal loads. ``detail["winner"]`` names the member whose
+    packs were kept (``"bfd"``, ``"mffd"``, ``"ffd"`` or ``"mbs"``)."""
+    n = sizes.size
+    cnt, start = K.size_groups(sizes, cap)
+    slot, nb, room = K.grouped_best_fit(cnt, start, cap, n)
+    bin_of = None
     winner = "bfd"
     l2 = None
     l1 = -(-int(sizes.sum()) // cap)
+    small = n <= PORTFOLIO_ALWAYS_ITEMS
     if nb > l1:
-        l2 = lower_bound_l2(sizes, cap)
-        if nb > l2 and (sizes.size <= PORTFOLIO_ALWAYS_ITEMS or nb - l2 > PORTFOLIO_GAP * l2):
-            cands = [("mffd", lambda: K.mffd(sizes, cap)),
-                     ("ffd", lambda: K.first_fit(sizes, K.desc_order(sizes, cap), cap, _EMPTY))]
-            if sizes.size <= MIN_SLACK_MAX_ITEMS or _n_distinct(sizes, cap) <= MIN_SLACK_MAX_DISTINCT:
-                # "mbs" (minimum bin slack, not micro-batch size): the label reported in detail["winner"]
-                cands.append(("mbs", lambda: K.min_slack(sizes, cap, MIN_SLACK_BUDGET)))
+        few = int(np.count_nonzero(cnt)) <= MIN_SLACK_MAX_DISTINCT
+        if small or few:
+            l2 = lower_bound_l2(sizes, cap)
+        if l2 is not None and nb > l2:
+            cands = []
+            if small:
+                cands += [("mffd", lambda: K.mffd(sizes, cap)),
+                          ("ffd", lambda: K.first_fit(sizes, K.desc_order(sizes, cap), cap, _EMPTY))]
+            # "mbs" (minimum bin slack, not micro-batch size): the label reported in detail["winner"]
+            cands.append(("mbs", lambda: K.min_slack(sizes, cap, MIN_SLACK_BUDGET)))
             for name, fn in cands:
                 b2, n2 = fn()
                 if n2 < nb:
                     bin_of, nb, winner = b2, n2, name
                 if nb <= l2:
                     break
-    moved = K.level(sizes, bin_of, nb, cap, _level_tol(cap))
+    if bin_of is None and small:
+        bin_of = K.slots_to_bins(sizes, start, slot)  # small inputs: item-level leveling, as for a portfolio winner
+    if bin_of is None:
+        loads = cap - room
+        moved = K.level_slots(cnt, start, slot, loads, cap, _level_tol(cap))
+        bin_of = K.slots_to_bins(sizes, start, slot)
+    else:
+        moved = K.level(sizes, bin_of, nb, cap, _level_tol(cap))
     if detail is not None:
         detail.update(winner=winner, leveled_moves=int(moved), lower_bound_l2_units=l2)
     return bin_of, nb
