@@ -58,5 +58,6 @@ def load_plugins(target: typer.Typer = app, group: str = PLUGIN_GROUP) -> list[s
 load_plugins(app)
 
 
-def main() -> None:  # console-script entry point
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app on ``argv`` (default: ``sys.argv[1:]``)."""
+    app(args=argv)
