@@ -6,6 +6,7 @@ loop itself is :mod:`seqpack_bench.train`.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import List, Optional
 
@@ -98,6 +99,9 @@ def train(
         _fail("--out is empty; pass the folder for train.json and the PNGs, e.g. --out bench_results")
     # empty / unknown --mode and a bad --dtype are refused by TrainConfig.validate, naming the options
     modes = list(_train.MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
+    if importlib.util.find_spec("torch") is None:
+        _fail('seqpack train needs PyTorch, which is not installed. Fix: pip install -e ".[torch]" '
+              '(or pip install "seqpack[torch]")')
     try:
         cfg = _train.TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model,
                                  hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,

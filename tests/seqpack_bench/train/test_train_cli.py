@@ -255,3 +255,16 @@ def test_glob_matching_only_folders_says_so(tmp_path):
     line = _one_line(r)
     assert f"the glob '{tmp_path / 'sub' / '*'}' matched only folders ({tmp_path / 'sub' / 'x'}, " in line
     assert f"'{tmp_path / 'sub' / '*'}/*.jsonl'" in line and "matches no file" not in line
+
+
+def test_cli_train_without_torch_says_how_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    from seqpack.cli.app import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    assert _one_line(r).startswith("error: seqpack train needs PyTorch, which is not installed. Fix: pip install")
+    assert "Traceback" not in r.output and not (tmp_path / "train.json").exists()
