@@ -173,3 +173,13 @@ def test_engine_ray_without_ray_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     out = _user_error(_run("pack", "--output", tmp_path / "z", "--engine", "ray", "--quiet"), 2)
     assert 'pip install "seqpack[ray]"' in out
+
+
+def test_version_option_prints_the_package_version():
+    from typer.testing import CliRunner
+
+    import seqpack
+    from seqpack.cli import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout == f"seqpack {seqpack.__version__}\n"

@@ -168,3 +168,20 @@ def test_validate_packed_dir_argument_overrides_and_conflicts(tmp_path):
     assert r.exit_code == 0 and "note: algorithm: stored 'first_fit_shuffle'" in r.output
     r = invoke("validate", str(cfg), str(good), "--no-check-data")
     assert r.exit_code == 2 and "--no-check-data" in r.output
+
+
+@pytest.mark.parametrize("args, start", [
+    (["recipe", "nope"], "error: unknown recipe 'nope'; known: "),
+    (["families", "nope"], "error: "),
+    (["validate", "no-such-config.yaml"], "error: "),
+    (["validate", "x.yaml", "--format", "xml"], "error: --format must be 'table' or 'json', got 'xml'"),
+])
+def test_config_commands_print_errors_on_stderr_only(args, start, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from seqpack.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code in (1, 2) and r.stdout == ""  # a `> out.yaml` redirect never captures an error
+    assert r.stderr.startswith(start), r.stderr

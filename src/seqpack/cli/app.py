@@ -4,12 +4,30 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from seqpack import __version__
+
 app = typer.Typer(
     name="seqpack",
     help="Sequence packing for LLM/VLM SFT: pack chat data, inspect packed datasets, validate configs.",
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"seqpack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the seqpack version and exit."),
+) -> None:
+    """Sequence packing for LLM/VLM SFT: pack chat data, inspect packed datasets, validate configs."""
+
 
 #: stderr console for errors and progress bars.
 err_console = Console(stderr=True)

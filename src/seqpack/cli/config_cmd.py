@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app
+from seqpack.cli.app import app, fail
 from seqpack.config.errors import case_label
 from seqpack.config import (
     ConfigValidationError,
@@ -52,12 +52,9 @@ def validate_cmd(
     """
     console = _console()
     if output_format not in ("table", "json"):
-        console.print(f"[red]--format must be 'table' or 'json', got {escape(repr(output_format))}[/red]")
-        raise typer.Exit(2)
+        fail(f"--format must be 'table' or 'json', got {output_format!r}")
     if packed_dir is not None and not check_data:
-        console.print("[red]PACKED_DIR asks for a data check but --no-check-data turns it off; drop one of "
-                      "them[/red]")
-        raise typer.Exit(2)
+        fail("PACKED_DIR asks for a data check but --no-check-data turns it off; drop one of them")
     source = str(config)
     notes: list[str] = []
     data_path: Optional[str] = None
@@ -73,8 +70,7 @@ def validate_cmd(
             violations += checked.violations
             notes, data_path = checked.notes, checked.path
     except FileNotFoundError as e:
-        console.print(f"[red]{escape(str(e))}[/red] (recipes: {', '.join(list_recipes())})")
-        raise typer.Exit(1)
+        fail(f"{e} (recipes: {', '.join(list_recipes())})", 1)
     except ConfigValidationError as e:
         cfg, violations = None, e.violations
 
@@ -135,8 +131,7 @@ def recipe_cmd(
         console.print(table)
         return
     if name not in list_recipes():
-        console.print(f"[red]unknown recipe {escape(repr(name))}[/red]; known: {', '.join(list_recipes())}")
-        raise typer.Exit(1)
+        fail(f"unknown recipe {name!r}; known: {', '.join(list_recipes())}", 1)
     text = recipe_text(name)
     if output is not None:
         output.write_text(text, encoding="utf-8")
@@ -163,8 +158,7 @@ def families_cmd(
     try:
         f = get_family(name)
     except KeyError as e:
-        console.print(f"[red]{escape(str(e.args[0]))}[/red]")
-        raise typer.Exit(1)
+        fail(str(e.args[0]), 1)
     console.print(f"[bold]{f.key}[/bold] ({f.name}): {f.modality}, positions {f.position_type}, "
                   f"attention {', '.join(f.attention_kinds)}, MoE {'yes' if f.moe else 'no'}, "
                   f"MTP {'yes' if f.mtp else 'no'}")
