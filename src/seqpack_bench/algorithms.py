@@ -11,7 +11,13 @@ Compared on the same lengths (lognormal SFT mix: median 250 tokens, sigma 1, cli
   ``list.pop`` makes it O(n^2) in the worst case; a skip is recorded);
 - Megatron-Bridge 0.3.1 ``create_packing_strategy`` with ``first_fit_decreasing`` and
   ``first_fit_shuffle`` (its default), installed; pure Python and O(n * packs), so skipped above
-  ``max_bridge_n`` items (a skip is recorded). NeMo 2 ships the same code.
+  ``max_bridge_n`` items (a skip is recorded). NeMo 2 ships the same code;
+- seqpacker 0.1.3 (Rust) when ``import seqpacker`` works (a benchmark peer only: installed by
+  ``bash ../shared/tools/install-seqpacker.sh``, otherwise one skip is recorded): every strategy of
+  ``seqpacker.Packer(...).pack_flat``, timed round-robin with seqpack's algorithms (one run of each per
+  round), each result checked (every index exactly once, no pack over capacity) or refused, ``hk``
+  skipped above ``max_seqpacker_hk_n`` items. Per size a verdict compares seqpack's default with the
+  fastest seqpacker strategy of equal or fewer packs (PASS at >= 2x, CPU seconds).
 
 The PyPI baselines other than TRL install with
 ``pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1`` (see
@@ -35,7 +41,7 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 from seqpack_bench import references as ref
-from seqpack_bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
+from seqpack_bench.timing import Timing, bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
            "CAPACITY", "QUICK_NOTE"]
@@ -72,6 +78,40 @@ def skip_line(skip: dict[str, Any]) -> str:
     return f"skipped: {skip['program']}, {n}: {skip['reason']}"
 
 
+def _timed_round_robin(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[Any, Timing]]:
+    """Time every ``fns[name]()`` ``repeats`` times, one run of each per round (interleaved, so a busy
+    moment of the machine hits all of them alike): ``{name: (last result, Timing of medians)}``."""
+    runs: dict[str, list[tuple[Any, Timing]]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            runs[name].append(timed(fn, 1))
+    return {name: (rs[-1][0], Timing(float(np.median([t.wall_s for _, t in rs])),
+                                     float(np.median([t.cpu_s for _, t in rs])), repeats,
+                                     [t.wall_s for _, t in rs], [t.cpu_s for _, t in rs]))
+            for name, rs in runs.items()}
+
+
+def _seqpacker_goals(n: int, base: dict[str, Any], rows: list[dict[str, Any]],
+                     informational: str | None) -> list[dict[str, Any]]:
+    """The seqpacker verdicts of one size: packs <= its fewest, and >= 2x faster (CPU) than its fastest
+    strategy of equal or fewer packs (vacuous PASS, said so, when no strategy gets that few)."""
+    fewest = min(rows, key=lambda r: (r["bins"], r["cpu_s"]))
+    goals = [verdict(f"n={n:,}: seqpack default packs <= seqpacker's fewest packs", base["bins"] <= fewest["bins"],
+                     f"{base['bins']} vs {fewest['bins']} ({fewest['program']})", informational=informational)]
+    label = f"n={n:,}: seqpack default >= 2x faster than the fastest seqpacker strategy of <= its packs (CPU)"
+    peers = [r for r in rows if r["bins"] <= base["bins"]]
+    if not peers:
+        goals.append(verdict(label, True, f"no seqpacker strategy reaches {base['bins']} packs (fewest: "
+                                          f"{fewest['bins']}, {fewest['program']})", informational=informational))
+        return goals
+    fast = min(peers, key=lambda r: r["cpu_s"])
+    ratio = fast["cpu_s"] / max(base["cpu_s"], 1e-9)
+    goals.append(verdict(label, ratio >= 2.0, f"{fast['program']} {fast['cpu_s']:.4f} s / seqpack {base['cpu_s']:.4f} s "
+                                              f"= {ratio:.2f}x ({fast['bins']} vs {base['bins']} packs; interleaved, "
+                                              f"median of {base['repeats']})", informational=informational))
+    return goals
+
+
 def _row(program: str, n: int, loads: np.ndarray, timing: Any, l1: int, l2: int, capacity: int,
          *, breaks_samples: bool = False, note: str = "") -> dict[str, Any]:
     bins = int(loads.shape[0])
@@ -100,6 +140,7 @@ def run_algorithms(
     out_dir: str | os.PathLike = "bench_results",
     max_reference_n: int = 1_000_000,
     max_bridge_n: int = 100_000,
+    max_seqpacker_hk_n: int = 200_000,
     trl: bool = True,
     seed: int = 0,
     quick: bool = False,
@@ -120,6 +161,8 @@ def run_algorithms(
             >= 0, 0 = never run it.
         max_bridge_n: largest n for Megatron-Bridge's pure-Python first fit (O(n * packs): about a
             minute per run at 100,000 lengths; above 20,000 lengths it runs once); >= 0, 0 = never run it.
+        max_seqpacker_hk_n: largest n for seqpacker's ``hk`` (Harmonic-K, O(n * open packs): 20 s at
+            1,000,000 lengths); >= 0, 0 = never run it. Its other strategies run at every n.
         trl: include TRL when importable (skips are recorded in ``skipped``).
         seed: seed of the length generator.
         quick: a ``--quick`` run: each verdict is printed and stored as "quick: informational" (small
@@ -128,15 +171,19 @@ def run_algorithms(
 
     Returns:
         the JSON payload: ``benchmark``, ``capacity``, ``sizes``, ``repeats``, ``results`` (one row per
-        program and size, keys of :func:`_row`), ``skipped`` (program, n, reason), ``goals``.
+        program and size, keys of :func:`_row`), ``skipped`` (program, n, reason), ``refused`` (program,
+        n, reason: a peer result that failed the exactly-once / capacity check, printed as a
+        ``refused:`` line), ``goals``.
 
     Raises:
-        ValueError: empty ``sizes``, a size < 1, or ``max_reference_n`` / ``max_bridge_n`` < 0.
+        ValueError: empty ``sizes``, a size < 1, or ``max_reference_n`` / ``max_bridge_n`` /
+            ``max_seqpacker_hk_n`` < 0.
         OutputDirError: ``out_dir`` cannot be created or written (checked first).
     """
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be a non-empty list of integers >= 1, got {list(sizes)!r}")
-    for key, val in (("max_reference_n", max_reference_n), ("max_bridge_n", max_bridge_n)):
+    for key, val in (("max_reference_n", max_reference_n), ("max_bridge_n", max_bridge_n),
+                     ("max_seqpacker_hk_n", max_seqpacker_hk_n)):
         if val < 0:
             raise ValueError(f"{key} must be >= 0 (0 = never run that baseline), got {val}")
     informational = "quick: informational" if quick else None
@@ -161,16 +208,47 @@ def run_algorithms(
     if not bridge_version:
         skipped.append({"program": "megatron-bridge", "n": None,
                         "reason": f"not installed ({ref.BASELINE_INSTALL})"})
+    sp = ref.seqpacker_module()
+    sp_version = str(getattr(sp, "__version__", "?"))
+    if sp is None:
+        skipped.append({"program": "seqpacker", "n": None, "reason": f"not installed ({ref.SEQPACKER_INSTALL})"})
+    refused: list[dict[str, Any]] = []
     goals: list[dict[str, Any]] = []
     for n in sizes:
         x = lognormal_lengths(n, seed=seed, capacity=capacity)
         l1, l2 = lower_bound_l1(x, capacity), lower_bound_l2(x, capacity)
         log(f"n={n:,}: sum={int(x.sum()):,} tokens, L1={l1}, L2={l2}")
         by_prog: dict[str, dict[str, Any]] = {}
+        fns: dict[str, Callable[[], Any]] = {}
         for a in ours:
-            plan, t = timed(lambda a=a: pack_lengths(x, capacity, a, seed=seed), repeats)
-            name = f"seqpack {a.value}" + (" (default)" if a == DEFAULT_ALGORITHM else "")
-            by_prog[name] = _row(name, n, np.asarray(plan.bin_loads, np.int64), t, l1, l2, capacity)
+            fns[f"seqpack {a.value}" + (" (default)" if a == DEFAULT_ALGORITHM else "")] = (
+                lambda a=a: pack_lengths(x, capacity, a, seed=seed))
+        peers: dict[str, Callable[[], Any]] = {}
+        for strategy in ref.SEQPACKER_STRATEGIES if sp is not None else ():
+            name = f"seqpacker {sp_version} {strategy}"
+            if strategy == "hk" and n > max_seqpacker_hk_n:
+                skipped.append({"program": name, "n": n, "reason": f"n > max_seqpacker_hk_n={max_seqpacker_hk_n:,} "
+                                                                   "(--max-seqpacker-hk-n; O(n * open packs))"})
+                continue
+            try:  # one untimed run: a strategy it refuses is recorded, not timed
+                ref.seqpacker_pack(sp, x[:2], capacity, strategy, seed=seed)
+            except Exception as exc:  # noqa: BLE001 - a peer's failure is recorded, the run goes on
+                skipped.append({"program": name, "n": n, "reason": f"failed: {type(exc).__name__}: {exc}"})
+                continue
+            peers[name] = lambda s=strategy: ref.seqpacker_pack(sp, x, capacity, s, seed=seed)
+        if peers:
+            log(f"  seqpack and {len(peers)} seqpacker strategies, round-robin x{repeats}")
+        for name, (res, t) in _timed_round_robin({**fns, **peers}, repeats).items():
+            if name in fns:
+                by_prog[name] = _row(name, n, np.asarray(res.bin_loads, np.int64), t, l1, l2, capacity)
+                continue
+            try:
+                loads = ref.check_flat_bins(*res, x, capacity, program=name)
+            except ref.PeerResultError as exc:
+                refused.append({"program": name, "n": n, "reason": exc.fault})
+                continue
+            by_prog[name] = _row(name, n, loads, t, l1, l2, capacity,
+                                 note="Rust, pack_flat; timed round-robin with seqpack")
         if has_trl:
             ds = ref.trl_lengths_dataset(x)
             reps = 1 if n >= 1_000_000 else repeats
@@ -239,13 +317,18 @@ def run_algorithms(
                     f"n={n:,}: seqpack default packs <= Megatron-Bridge {algo} packs", base["bins"] <= br["bins"],
                     f"{base['bins']} vs {br['bins']}; Bridge takes {br['cpu_s'] / max(base['cpu_s'], 1e-9):.0f}x "
                     "as long", informational=informational))
+        sp_rows = [r for name, r in by_prog.items() if name.startswith("seqpacker ")]
+        if sp_rows:
+            goals.extend(_seqpacker_goals(n, base, sp_rows, informational))
     if quick and goals:
         print(QUICK_NOTE)
     for skip in skipped:
         print(skip_line(skip))
+    for bad in refused:
+        print(f"refused: {bad['program']}, n={bad['n']:,}: {bad['reason']}")
     payload = {"benchmark": "algorithms", "capacity": capacity, "sizes": list(sizes), "repeats": repeats,
                "quick": quick, "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]",
-               "results": results, "skipped": skipped, "goals": goals}
+               "results": results, "skipped": skipped, "refused": refused, "goals": goals}
     write_json(out_dir / "algorithms.json", payload)
     labels = [f"{display_name(r)}, n={r['n']:,}" for r in results]
     colors = ["#dd8452" if r["breaks_samples"] else None for r in results]  # orange: not a packing result

@@ -27,6 +27,13 @@
   and re-sums its items for every sample: O(n * packs * items per pack), about 2.4 s at 20,000
   lengths and about a minute at 100,000, so the benchmark caps it (``max_bridge_n``).
 
+- **seqpacker** 0.1.3 (Rust, PyPI; a benchmark peer, never a dependency): every strategy of
+  ``seqpacker.Packer(capacity, strategy=..., seed=...)`` through its public ``pack_flat`` (flat item
+  ids plus ``np.split`` bin boundaries, its fastest output). It is imported lazily
+  (:func:`seqpacker_module`) and installed by ``bash ../shared/tools/install-seqpacker.sh`` (it publishes
+  no manylinux wheel). Every result is checked before it is counted (:func:`check_flat_bins`: each
+  index packed exactly once, no bin over capacity); one that fails is refused (:class:`PeerResultError`).
+
 Install the two PyPI baselines (CI does; the benchmark records a skip when one is missing)::
 
     pip install --no-deps llamafactory==0.9.5 megatron-bridge==0.3.1
@@ -54,6 +61,12 @@ __all__ = [
     "llamafactory_greedy_knapsack",
     "megatron_bridge_installed",
     "megatron_bridge_packing",
+    "SEQPACKER_INSTALL",
+    "SEQPACKER_STRATEGIES",
+    "PeerResultError",
+    "seqpacker_module",
+    "seqpacker_pack",
+    "check_flat_bins",
     "trl_available",
     "trl_lengths_dataset",
     "trl_pack",
@@ -66,6 +79,10 @@ _LLAMAFACTORY_FILE = ("llamafactory", "llamafactory/data/processor/processor_uti
 _BRIDGE_FILE = ("megatron-bridge", "megatron/bridge/data/datasets/packing_utils.py")
 BRIDGE_ALGORITHMS = ("first_fit_decreasing", "first_fit_shuffle")
 _loaded: dict[tuple[str, str], ModuleType] = {}
+SEQPACKER_INSTALL = "bash ../shared/tools/install-seqpacker.sh"
+#: seqpacker 0.1.3's strategy names (``seqpacker.Packer.strategies()``), in its order; ``hk``
+#: (Harmonic-K) is O(n * open packs): 0.5 s at 200,000 lengths, 20 s at 1,000,000.
+SEQPACKER_STRATEGIES = ("nf", "ff", "bf", "wf", "ffd", "bfd", "ffs", "mffd", "obfd", "obfdp", "hk")
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -240,6 +257,83 @@ def llamafactory_greedy_knapsack(lengths: Sequence[int], capacity: int) -> list[
             current.append(numbers.pop(j - 1))
         knapsacks.append(current)
     return _lengths_to_indices(lens, knapsacks)
+
+
+class PeerResultError(ValueError):
+    """A peer packer's result is not a packing of the input (an index lost or repeated, a bin over capacity).
+
+    Attributes:
+        program: the peer's name; fault: what is wrong, with the rule it breaks.
+    """
+
+    def __init__(self, program: str, fault: str) -> None:
+        super().__init__(f"{program}: result refused: {fault}")
+        self.program, self.fault = program, fault
+
+
+def seqpacker_module() -> ModuleType | None:
+    """The ``seqpacker`` module when ``import seqpacker`` works, else ``None`` (imported here, lazily)."""
+    try:
+        import seqpacker
+    except Exception:  # noqa: BLE001 - missing, or its Rust extension fails to load: not available
+        return None
+    return seqpacker
+
+
+def seqpacker_pack(mod: ModuleType, lengths: np.ndarray, capacity: int, strategy: str,
+                   *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``mod.Packer(capacity, strategy=strategy, seed=seed).pack_flat(lengths)``: seqpacker's public API.
+
+    Returns:
+        ``(items, offsets)``: int64 ``[n]`` item ids in pack order and int64 ``[packs - 1]`` boundaries
+        (``np.split(items, offsets)`` gives the packs), unchecked (see :func:`check_flat_bins`).
+
+    Raises:
+        ValueError: seqpacker refuses the strategy or a length.
+    """
+    return mod.Packer(capacity, strategy=strategy, seed=seed).pack_flat(lengths)
+
+
+def check_flat_bins(items: Any, offsets: Any, lengths: np.ndarray, capacity: int, *, program: str) -> np.ndarray:
+    """Check a flat packing (``np.split(items, offsets)`` are the packs) and return its pack loads.
+
+    Args:
+        items: item ids (indices into ``lengths``) in pack order.
+        offsets: increasing pack boundaries into ``items`` (``packs - 1`` of them).
+        lengths: int ``[n]`` tokens per item.
+        capacity: tokens per pack.
+        program: the peer's name, quoted in the error.
+
+    Returns:
+        int64 ``[packs]``: tokens per pack.
+
+    Raises:
+        PeerResultError: an index outside ``[0, n)``, an index packed zero or several times, an empty or
+            misplaced boundary, or a pack over ``capacity`` (the message names ``program`` and the fault).
+    """
+    lengths = np.asarray(lengths, np.int64)
+    items, offsets = np.asarray(items, np.int64).ravel(), np.asarray(offsets, np.int64).ravel()
+    n = lengths.shape[0]
+
+    def refuse(fault: str) -> PeerResultError:
+        return PeerResultError(program, f"{fault} (every index must be packed exactly once, no pack over "
+                                        f"capacity {capacity})")
+
+    if items.size and (items.min() < 0 or items.max() >= n):
+        raise refuse(f"index {int(items.min() if items.min() < 0 else items.max())} is outside [0, {n})")
+    counts = np.bincount(items, minlength=n)
+    bad = np.flatnonzero(counts != 1)
+    if bad.size:
+        raise refuse(f"index {int(bad[0])} packed {int(counts[bad[0]])} times ({bad.size:,} indices wrong)")
+    bounds = np.concatenate(([0], offsets, [items.size]))
+    if np.any(np.diff(bounds) <= 0):
+        raise refuse("an empty pack or a misplaced boundary in offsets")
+    csum = np.concatenate(([0], np.cumsum(lengths[items])))
+    loads = csum[bounds[1:]] - csum[bounds[:-1]]
+    if loads.max() > capacity:
+        j = int(np.argmax(loads))
+        raise refuse(f"pack {j} holds {int(loads[j])} tokens > capacity {capacity}")
+    return loads
 
 
 def trl_available() -> bool:

@@ -134,3 +134,102 @@ def test_run_algorithms_quick_verdicts_are_informational(tmp_path, capsys):
     assert QUICK_NOTE in out and "100,000 and 1,000,000 lengths" in QUICK_NOTE
     full = run_algorithms([1500], repeats=1, out_dir=tmp_path, trl=False, max_bridge_n=0, log=lambda _m: None)
     assert all("informational" not in g for g in full["goals"])
+
+
+class _FakePacker:
+    """A stand-in for ``seqpacker.Packer``: next fit in input order, flat output like ``pack_flat``;
+    strategy ``"lose"`` drops the last index, ``"over"`` puts everything in one pack."""
+
+    def __init__(self, capacity, strategy="obfd", seed=None):
+        self.capacity, self.strategy = capacity, strategy
+
+    def pack_flat(self, lengths):
+        import numpy as np
+
+        items, offsets, load = list(range(len(lengths))), [], 0
+        for i, n in enumerate(lengths):
+            if load + int(n) > self.capacity:
+                offsets.append(i)
+                load = 0
+            load += int(n)
+        if self.strategy == "lose":
+            items, offsets = items[:-1], [o for o in offsets if o < len(items) - 1]
+        if self.strategy == "over":
+            offsets = []
+        return np.array(items, np.int64), np.array(offsets, np.int64)
+
+
+def _fake_seqpacker(monkeypatch, strategies):
+    import sys
+    import types
+
+    mod = types.ModuleType("seqpacker")
+    mod.__version__, mod.Packer = "0.0.fake", _FakePacker
+    monkeypatch.setitem(sys.modules, "seqpacker", mod)
+    monkeypatch.setattr(ref, "SEQPACKER_STRATEGIES", strategies)
+
+
+def test_algorithms_without_seqpacker_records_one_skip_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from seqpack_bench.algorithms import run_algorithms
+
+    monkeypatch.setitem(sys.modules, "seqpacker", None)  # `import seqpacker` raises ImportError
+    assert ref.seqpacker_module() is None
+    data = run_algorithms([1500], repeats=1, out_dir=tmp_path, trl=False, max_reference_n=0, max_bridge_n=0,
+                          log=lambda _m: None)
+    lines = capsys.readouterr().out.splitlines()
+    skip = "skipped: seqpacker, every n: not installed (bash ../shared/tools/install-seqpacker.sh)"
+    assert lines.count(skip) == 1
+    assert {"program": "seqpacker", "n": None, "reason": f"not installed ({ref.SEQPACKER_INSTALL})"} in data["skipped"]
+    assert not any(r["program"].startswith("seqpacker") for r in data["results"]) and data["refused"] == []
+    assert not any("seqpacker" in g["goal"] for g in data["goals"])
+    assert "seqpack balanced_best_fit (default)" in {r["program"] for r in data["results"]}
+
+
+def test_algorithms_with_a_fake_seqpacker_checks_and_refuses(tmp_path, monkeypatch, capsys):
+    from seqpack_bench.algorithms import lognormal_lengths, run_algorithms
+
+    _fake_seqpacker(monkeypatch, ("nf", "lose", "over", "hk"))
+    data = run_algorithms([1500], repeats=2, out_dir=tmp_path, trl=False, max_reference_n=0, max_bridge_n=0,
+                          max_seqpacker_hk_n=1000, log=lambda _m: None)
+    out = capsys.readouterr().out
+    rows = {r["program"]: r for r in data["results"]}
+    nf = rows["seqpacker 0.0.fake nf"]
+    x = lognormal_lengths(1500)
+    _items, offsets = _FakePacker(4096).pack_flat(x)
+    assert nf["bins"] == len(offsets) + 1 and nf["repeats"] == 2 and nf["lower_bound_l2"] <= nf["bins"]
+    assert nf["utilization"] == pytest.approx(x.sum() / (nf["bins"] * 4096), abs=1e-6)
+    assert not any(p.endswith((" lose", " over", " hk")) for p in rows)
+    refused = {r["program"]: r["reason"] for r in data["refused"]}
+    assert set(refused) == {"seqpacker 0.0.fake lose", "seqpacker 0.0.fake over"}
+    assert refused["seqpacker 0.0.fake lose"].startswith("index 1499 packed 0 times")
+    assert "tokens > capacity 4096" in refused["seqpacker 0.0.fake over"]
+    assert "refused: seqpacker 0.0.fake lose, n=1,500: index 1499 packed 0 times" in out
+    assert "skipped: seqpacker 0.0.fake hk, n=1,500: n > max_seqpacker_hk_n=1,000" in out
+    base = rows["seqpack balanced_best_fit (default)"]
+    goals = {g["goal"]: g for g in data["goals"] if "seqpacker" in g["goal"]}
+    assert len(goals) == 2
+    fewest = goals["n=1,500: seqpack default packs <= seqpacker's fewest packs"]
+    assert fewest["pass"] == (base["bins"] <= nf["bins"]) and f"vs {nf['bins']} (seqpacker 0.0.fake nf)" in fewest["info"]
+    speed = next(g for k, g in goals.items() if "2x faster" in k)
+    if nf["bins"] <= base["bins"]:
+        assert "seqpacker 0.0.fake nf" in speed["info"] and "x (" in speed["info"]
+    else:  # next fit needs more packs than seqpack: nothing of equal packs to compare with
+        assert speed["pass"] and "no seqpacker strategy reaches" in speed["info"]
+
+
+def test_check_flat_bins_accepts_a_packing_and_names_the_fault():
+    import re
+
+    import numpy as np
+
+    x = np.array([5, 5, 3, 7, 2])
+    assert ref.check_flat_bins([3, 2, 0, 1, 4], [2, 4], x, 10, program="p").tolist() == [10, 10, 2]
+    for items, offsets, fault in (([3, 2, 0, 1], [2], "index 4 packed 0 times"),
+                                  ([3, 2, 0, 1, 1], [2, 4], "index 1 packed 2 times"),
+                                  ([3, 2, 0, 1, 9], [2, 4], "index 9 is outside [0, 5)"),
+                                  ([3, 2, 0, 1, 4], [2, 2], "an empty pack"),
+                                  ([3, 2, 0, 1, 4], [1], "pack 1 holds 15 tokens > capacity 10")):
+        with pytest.raises(ref.PeerResultError, match="^peer X: result refused: " + re.escape(fault)):
+            ref.check_flat_bins(items, offsets, x, 10, program="peer X")

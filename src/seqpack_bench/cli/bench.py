@@ -51,14 +51,18 @@ def _out_dir(out: str) -> Path:
 
 _ALGORITHMS_HELP = (
     "seqpack packing algorithms vs TRL pack_dataset (bfd, wrapped), LLaMA-Factory's greedy knapsack and "
-    "Megatron-Bridge's first fit (decreasing, shuffle), on the same lognormal SFT lengths.\n\n"
+    "Megatron-Bridge's first fit (decreasing, shuffle), on the same lognormal SFT lengths; with seqpacker "
+    "installed (bash ../shared/tools/install-seqpacker.sh; a benchmark peer, not a dependency), every seqpacker "
+    "strategy too, timed round-robin with seqpack, each result checked (every index exactly once, no pack over "
+    "capacity) or refused, and per size a verdict: seqpack's default vs the fastest seqpacker strategy of equal or "
+    "fewer packs (PASS at >= 2x, CPU).\n\n"
     "Full default (100,000 and 1,000,000 lengths, 3 repeats; Megatron-Bridge only at 100,000): 2 min 19 s "
     "on 2 cores, peak memory 7.1 GB, TRL at 1,000,000 (measured 2026-11-29; Megatron-Bridge's pure-Python first "
     "fit takes 1.7 min of it, more on a busy box). --quick (20,000 lengths, 2 repeats): about 25 s.\n\n"
     "Results: algorithms.json, algorithms_time.png and algorithms_bins.png in --out (default ./bench_results). "
     "TRL wrapped cuts samples: it is marked \"(cuts samples)\" in the table and charts and is not a packing "
-    "result. Baselines not run (--max-bridge-n, --max-reference-n, not installed) are printed as \"skipped:\" "
-    "lines after the tables. --quick verdicts are informational: the goals are judged on the full run.\n\n"
+    "result. Baselines not run (--max-bridge-n, --max-reference-n, --max-seqpacker-hk-n, not installed) are printed "
+    "as \"skipped:\" lines after the tables, refused peer results as \"refused:\" lines. --quick verdicts are informational: the goals are judged on the full run.\n\n"
     "Exit codes: 2 bad option (before any work), otherwise 0 (MISS verdicts included)."
 )
 
@@ -98,6 +102,9 @@ def algorithms(
     max_bridge_n: int = typer.Option(100_000, "--max-bridge-n",
                                      help="Largest n for Megatron-Bridge's O(n * packs) first fit (>= 0; 0 = never "
                                           "run it)."),
+    max_seqpacker_hk_n: int = typer.Option(200_000, "--max-seqpacker-hk-n",
+                                           help="Largest n for seqpacker's O(n * open packs) Harmonic-K strategy hk "
+                                                "(>= 0; 0 = never run it)."),
     no_trl: bool = typer.Option(False, "--no-trl", help="Skip TRL."),
     quick: bool = typer.Option(False, "--quick",
                                help="20,000 lengths, at most 2 repeats, every program (replaces --sizes): "
@@ -108,12 +115,14 @@ def algorithms(
 ) -> None:
     """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack_bench.algorithms.run_algorithms`."""
     ns = list(_algorithms.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
-    for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n)):
+    for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n),
+                     ("--max-seqpacker-hk-n", max_seqpacker_hk_n)):
         if val < 0:
             _fail(f"{key} must be >= 0 (0 = never run that baseline); got {val}")
     out_dir = _out_dir(out)
     _algorithms.run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
-                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n, trl=not no_trl, quick=quick)
+                   max_reference_n=max_reference_n, max_bridge_n=max_bridge_n,
+                   max_seqpacker_hk_n=max_seqpacker_hk_n, trl=not no_trl, quick=quick)
     print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
           f"{out_dir / 'algorithms_bins.png'}")
 
