@@ -28,7 +28,7 @@ from seqpack.parallel.balance.leveling import level
 from seqpack.parallel.balance.schedule import (
     FILLER,
     is_full,
-    members_by_owner,
+    renumber_packs,
     order_steps,
     step_shape,
 )
@@ -159,13 +159,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
                         seed + 1)
     grids = order_steps(grids, mb, seed, shuffle_steps)
-    new_id = np.full(npk, FILLER, dtype=np.int64)
-    new_bins: list[np.ndarray] = []
-    for k, members in enumerate(members_by_owner(pack_of, npk)):
-        if members.size:
-            new_id[k] = len(new_bins)
-            new_bins.append(members)
-    return new_bins, [np.where(gr == FILLER, FILLER, new_id[np.where(gr == FILLER, 0, gr)]) for gr in grids]
+    return renumber_packs(pack_of, npk, grids)
 
 
 def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,

@@ -11,7 +11,7 @@ import numpy as np
 from seqpack.parallel.balance import _kernels as K
 from seqpack.parallel.balance.cost import pack_costs
 from seqpack.parallel.balance.packs import balance_packs
-from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner, order_steps
+from seqpack.parallel.balance.schedule import FILLER, is_full, members_by_owner, order_steps, renumber_packs
 
 
 def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed, active=None):
@@ -66,18 +66,7 @@ def level(bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cr
         K.repair_cross(order, mstart, pos_of, pack_ids, pstart, units, cs, pack_of, pack_rank, pack_step,
                        pack_load, RT, RC, full, srt, vstart, cap_u, tt, ct, stop, cross_iters, max_iter, seed,
                        active)
-    # rebuild bins (drop packs left empty -> fillers) and grids
-    new_id = np.full(npk, FILLER, dtype=np.int64)
-    new_bins: list[np.ndarray] = []
-    for k, members in enumerate(members_by_owner(pack_of, npk)):
-        if members.size:
-            new_id[k] = len(new_bins)
-            new_bins.append(members)
-    new_grids = []
-    for g in grids:
-        ng = np.where(g == FILLER, FILLER, new_id[np.where(g == FILLER, 0, g)])
-        new_grids.append(ng)
-    return new_bins, new_grids
+    return renumber_packs(pack_of, npk, grids)  # packs left empty -> fillers
 
 
 def _pool_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,

@@ -225,3 +225,24 @@ def members_by_owner(owner: np.ndarray, count: int) -> list[np.ndarray]:
     by = np.argsort(owner, kind="stable").astype(np.int64)
     ends = np.cumsum(np.bincount(owner, minlength=count))
     return [by[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())]
+
+
+def renumber_packs(pack_of: np.ndarray, num_packs: int, grids: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Drop the packs that moves left empty and renumber the rest, in the bins and the step grids.
+
+    Args:
+        pack_of: int64 [n], the pack of each sample (in ``[0, num_packs)``).
+        num_packs: the pack count before renumbering.
+        grids: per step, int64 [dp, micro_batches] pack ids (:data:`FILLER` for an empty slot).
+
+    Returns:
+        ``(bins, grids)``: the non-empty packs' sample indices (ascending) in old-id order, and the grids
+        with new ids; a slot whose pack became empty turns into :data:`FILLER`.
+    """
+    new_id = np.full(num_packs, FILLER, dtype=np.int64)
+    bins: list[np.ndarray] = []
+    for k, members in enumerate(members_by_owner(pack_of, num_packs)):
+        if members.size:
+            new_id[k] = len(bins)
+            bins.append(members)
+    return bins, [np.where(g == FILLER, FILLER, new_id[np.where(g == FILLER, 0, g)]) for g in grids]
