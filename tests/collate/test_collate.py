@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from seqpack.collate import (
     InBatchPackingCollator,
     PackedCollator,
-    PackedDataset,
+    PackedRowsDataset,
     PaddedCollator,
     to_hf_inputs,
 )
@@ -164,7 +164,7 @@ def test_dataloader_workers_and_pickling():
 
     rows = [build_packed_sequence(_samples((4, 3), seed=i, prefix=f"r{i}_"), pad_to_multiple_of=2, pad_token_id=0)
             for i in range(4)]
-    ds = PackedDataset(rows)
+    ds = PackedRowsDataset(rows)
     coll = PackedCollator()
     pickle.loads(pickle.dumps(coll))
     serial = list(DataLoader(ds, batch_size=2, collate_fn=coll))
@@ -186,7 +186,7 @@ def test_packed_dataset_over_directory(tmp_path):
     rows = [build_packed_sequence(_samples((4, 3), seed=i, prefix=f"r{i}_"), pad_to_multiple_of=2,
                                   pad_token_id=0, seq_length=8, pad_to_max_length=True) for i in range(3)]
     io.write_packed(rows, tmp_path / "packed", io.PackedMetadata(seq_length=8, pad_to_multiple_of=2))
-    ds = PackedDataset(tmp_path / "packed")
+    ds = PackedRowsDataset(tmp_path / "packed")
     assert len(ds) == 3
     ds2 = pickle.loads(pickle.dumps(ds))
     b = PackedCollator()([ds2[0], ds2[2]])

@@ -4,7 +4,7 @@ All top-level and picklable (``DataLoader(num_workers>0)`` works), all usable as
 of ``transformers.Trainer``; every packed row is built by :mod:`seqpack.packed.build` and its attention
 inputs by :mod:`seqpack.packed.masks`. Formats and tail layouts: ``docs/notes/collate.md``.
 
-- :class:`PackedDataset` (``dataset.py``) -- map-style dataset over a packed directory or rows.
+- :class:`PackedRowsDataset` (``dataset.py``) -- map-style dataset over a packed directory or rows.
 - :class:`PaddedCollator` (``padded.py``) -- the unpacked baseline, right-padded ``[B, S]``.
 - :class:`PackedCollator` (``packed.py``) -- offline packs -> one THD row (offset boundaries).
 - :class:`InBatchPackingCollator` (``in_batch.py``) -- a micro-batch of samples packed at collate time.
@@ -12,7 +12,7 @@ inputs by :mod:`seqpack.packed.masks`. Formats and tail layouts: ``docs/notes/co
 """
 
 from seqpack.adapters import MEDIA_KEYS, to_hf_inputs
-from seqpack.collate.dataset import PackedDataset
+from seqpack.collate.dataset import PackedRowsDataset
 from seqpack.collate.in_batch import InBatchPackingCollator
 from seqpack.collate.output import FORMATS, HF_ATTN
 from seqpack.collate.packed import PackedCollator
@@ -22,7 +22,7 @@ __all__ = [
     "FORMATS",
     "HF_ATTN",
     "MEDIA_KEYS",
-    "PackedDataset",
+    "PackedRowsDataset",
     "PaddedCollator",
     "PackedCollator",
     "InBatchPackingCollator",

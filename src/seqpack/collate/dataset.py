@@ -6,11 +6,12 @@ from typing import Any, Mapping
 
 import torch
 
-__all__ = ["PackedDataset"]
+__all__ = ["PackedRowsDataset"]
 
 
-class PackedDataset(torch.utils.data.Dataset):
-    """Map-style dataset of packed rows: ``ds[i]`` is a ``PackedSequence``.
+class PackedRowsDataset(torch.utils.data.Dataset):
+    """Map-style torch dataset of packed rows: ``ds[i]`` is a ``PackedSequence`` (the on-disk reader is
+    :class:`seqpack.io.PackedDataset`; this wraps it, or any sequence of rows, for a ``DataLoader``).
 
     Args:
         source: a packed dataset directory (opened with ``seqpack.io.load_packed(source, expect)``)
@@ -28,7 +29,7 @@ class PackedDataset(torch.utils.data.Dataset):
             self._rows = None
         else:
             if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
-                raise TypeError(f"PackedDataset needs a directory or a sequence of PackedSequence, got {type(source)!r}")
+                raise TypeError(f"PackedRowsDataset needs a directory or a sequence of PackedSequence, got {type(source)!r}")
             self._rows = source
 
     def _open(self):
