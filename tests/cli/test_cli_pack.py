@@ -173,3 +173,19 @@ def test_engine_ray_without_ray_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     out = _user_error(_run("pack", "--output", tmp_path / "z", "--engine", "ray", "--quiet"), 2)
     assert 'pip install "seqpack[ray]"' in out
+
+
+def test_num_proc_flag(tmp_path):
+    res = _run("pack", "--output", tmp_path / "a", "--seq-length", "1024", "--num-proc", "2", "--quiet")
+    assert res.exit_code == 0, res.output
+    res1 = _run("pack", "--output", tmp_path / "b", "--seq-length", "1024", "--num-proc", "1", "--quiet")
+    assert res1.exit_code == 0, res1.output
+    shards = sorted((tmp_path / "a" / "data").glob("*.parquet"))
+    assert shards and [p.read_bytes() for p in shards] == [
+        p.read_bytes() for p in sorted((tmp_path / "b" / "data").glob("*.parquet"))
+    ]
+    assert "--num-proc" in _user_error(_run("pack", "--output", tmp_path / "c", "--num-proc", "0", "-q"), 2)
+    assert "--engine local only" in _user_error(
+        _run("pack", "--output", tmp_path / "d", "--engine", "ray", "--num-proc", "2", "-q"), 2
+    )
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
