@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import os
 import pickle
 import sys
 import types
@@ -101,8 +102,11 @@ def prepare_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
 _WORKER_TOKENIZER: Any = None
 
 
-def _init_worker(tokenizer_bytes: bytes) -> None:
+def _init_worker(tokenizer_bytes: bytes, threads: int) -> None:
     global _WORKER_TOKENIZER
+    # the tokenizer's batch encoding uses a thread pool of its own (Rust rayon, sized at first use):
+    # share the cores among the workers instead of running num_proc x cores threads
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     _WORKER_TOKENIZER = pickle.loads(tokenizer_bytes)
 
 
@@ -118,6 +122,11 @@ def _picklable(exc: BaseException) -> BaseException:
 def _worker_chunk(settings: ChunkSettings, records: Sequence[tuple[RawRecord, str]]) -> list[Outcome]:
     outcomes = prepare_chunk(_WORKER_TOKENIZER, settings, records)
     return [(o[0], _picklable(o[1]), *o[2:]) if o[0] != "ok" else o for o in outcomes]
+
+
+def _threads_per_worker(num_proc: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // num_proc)
 
 
 class PreparePool:
@@ -167,7 +176,7 @@ class PreparePool:
             sys.modules["__main__"] = types.ModuleType("__main__")
             try:
                 self._pool = ctx.Pool(
-                    self.num_proc, initializer=_init_worker, initargs=(pickle.dumps(self.tokenizer),)
+                    self.num_proc, initializer=_init_worker, initargs=(pickle.dumps(self.tokenizer), _threads_per_worker(self.num_proc))
                 )
             finally:
                 if main is not None:
