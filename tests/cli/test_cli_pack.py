@@ -183,3 +183,28 @@ def test_version_option_prints_the_package_version():
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout == f"seqpack {seqpack.__version__}\n"
+
+
+def test_num_proc_flag(tmp_path):
+    res = _run("pack", "--output", tmp_path / "a", "--seq-length", "1024", "--num-proc", "2", "--quiet")
+    assert res.exit_code == 0, res.output
+    res1 = _run("pack", "--output", tmp_path / "b", "--seq-length", "1024", "--num-proc", "1", "--quiet")
+    assert res1.exit_code == 0, res1.output
+    shards = sorted((tmp_path / "a" / "data").glob("*.parquet"))
+    assert shards and [p.read_bytes() for p in shards] == [
+        p.read_bytes() for p in sorted((tmp_path / "b" / "data").glob("*.parquet"))
+    ]
+    assert "--num-proc" in _user_error(_run("pack", "--output", tmp_path / "c", "--num-proc", "0", "-q"), 2)
+    assert "--engine local only" in _user_error(
+        _run("pack", "--output", tmp_path / "d", "--engine", "ray", "--num-proc", "2", "-q"), 2
+    )
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_pack_help_shows_the_ray_extra_literally():
+    from typer.testing import CliRunner
+
+    from seqpack.cli import app
+
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["pack", "--help"])
+    assert r.exit_code == 0 and 'pip install "seqpack[ray]"' in r.stdout

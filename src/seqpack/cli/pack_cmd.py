@@ -63,8 +63,11 @@ def pack(
     format: str = typer.Option("auto", "--format", help="Input format, or auto-detect per record."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing packed dataset at --output."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
-    engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack[ray]").'),
+    engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack\\[ray]").'),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="Ray engine: CPUs / tokenizer workers."),
+    num_proc: Optional[int] = typer.Option(
+        None, "--num-proc", help="Local engine: processes that tokenize records (default 1; e.g. $(nproc))."
+    ),
     planning: str = typer.Option(
         "global", "--planning", help="Ray engine: global (same packs as local) | per_shard (efficiency loss reported)."
     ),
@@ -91,12 +94,15 @@ def pack(
         _fail(str(exc), 2)
     if engine != "ray" and (num_cpus is not None or planning != "global"):
         _fail("--num-cpus and --planning apply to --engine ray only", 2)
+    if engine == "ray" and num_proc is not None:
+        _fail("--num-proc applies to --engine local only (the Ray engine takes --num-cpus)", 2)
     engine_kw = {"num_cpus": num_cpus, "planning": planning} if engine == "ray" else {}
     if engine == "ray" and (image_processor is not None or min_pixels is not None or max_pixels is not None):
         _fail("--image-processor/--min-pixels/--max-pixels apply to --engine local only (image-text data is "
               "packed by the local engine)", 2)
     if engine != "ray":
-        engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels}
+        engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels,
+                     "num_proc": 1 if num_proc is None else num_proc}
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

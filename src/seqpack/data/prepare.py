@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers, encode_texts, render_conversation
-from seqpack.data.formats import FORMATS, normalize_record
-from seqpack.data.length_policy import OVERLENGTH_POLICIES, apply_overlength
-from seqpack.data.records import Conversation, DataFormatError, RawRecord
+from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers
+from seqpack.data.formats import FORMATS
+from seqpack.data.length_policy import OVERLENGTH_POLICIES
+from seqpack.data.records import RawRecord
+from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
-from seqpack.accounting import PrepareReport, SampleRecord
+from seqpack.accounting import PrepareReport
 from seqpack.data.sources import InMemoryRecords, dataset_name, expand_inputs, is_dataset, iter_records
 from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 
@@ -40,6 +41,8 @@ def prepare(
     keep_untrainable: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     batch_size: int = 1024,
+    num_proc: int = 1,
+    workers: PreparePool | None = None,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
 
@@ -64,6 +67,11 @@ def prepare(
         chat_template_kwargs: extra template variables for every render (e.g.
             ``{"enable_thinking": False}``).
         batch_size: records per batched tokenizer call.
+        num_proc: processes that render and tokenize records (1 = this process; > 1 = that many
+            ``spawn`` workers, started for this call). Output, report and errors are the same for
+            every value.
+        workers: a started :class:`~seqpack.data.workers.PreparePool` for ``tokenizer`` to use
+            instead of ``num_proc`` (one pool for many calls).
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
@@ -78,7 +86,7 @@ def prepare(
         OverlengthError: ``overlength="error"`` and a sample is longer than ``seq_length``.
         FileNotFoundError: a path or glob matches nothing.
         TokenizerError: the tokenizer cannot be loaded or has no chat template.
-        ValueError: an invalid option.
+        ValueError: an invalid option (``num_proc`` < 1, ``workers`` for another tokenizer).
     """
     if overlength not in OVERLENGTH_POLICIES:
         raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")
@@ -105,63 +113,59 @@ def prepare(
     total = _total_records(items)
     report = PrepareReport()
     samples: list[Sample] = []
-    pending: list[tuple[Conversation, str, str, list[tuple[int, int]]]] = []
+    settings = ChunkSettings(markers, chat_template_kwargs, format, train_on, seq_length, overlength, keep_untrainable)
+    pool = workers if workers is not None else PreparePool(num_proc, tokenizer)
+    if pool.tokenizer is not tokenizer:
+        raise ValueError("workers= holds another tokenizer than the one given to prepare")
+    chunk = batch_size if pool.num_proc == 1 else min(batch_size, pool.chunk_records)
+    pending: list[tuple] = []  # outcomes of rendered records awaiting their tokenizer batch
 
     def flush() -> None:
-        if not pending:
-            return
-        encoded = encode_texts(tokenizer, [p[2] for p in pending], [p[3] for p in pending], train_on)
-        for (conv, sid, _, _), (ids, tr) in zip(pending, encoded):
-            media = {"images": list(conv.images)} if conv.images else None
-            meta: dict[str, Any] = {"format": conv.format}
-            if conv.id is not None:
-                meta["record_id"] = conv.id
-            out, entries = apply_overlength(
-                ids,
-                tr,
-                seq_length=seq_length,
-                overlength=overlength,
-                sample_id=sid,
-                source=conv.source,
-                index=conv.index,
-                media=media,
-                meta=meta,
-                keep_untrainable=keep_untrainable,
-            )
-            samples.extend(out)
-            report.entries.extend(entries)
-            for s in out:
+        for outcome in pending:
+            if outcome[0] == "late":
+                raise outcome[1]
+            samples.extend(outcome[1])
+            report.entries.extend(outcome[2])
+            for s in outcome[1]:
                 report.samples_out += 1
                 report.tokens += s.length
                 report.trainable_tokens += s.num_trainable
         pending.clear()
 
-    for item, name in zip(items, names):
-        for raw in iter_records(item):
-            report.records_read += 1
-            sid = f"{name}:{raw.index}"
-            try:
-                conv = normalize_record(raw, format)
-                text, spans = render_conversation(conv, tokenizer, markers, chat_template_kwargs)
-            except DataFormatError as e:
-                if on_error == "raise":
-                    raise
-                report.entries.append(_skip_entry(raw, sid, e))
-                continue
-            pending.append((conv, sid, text, spans))
-            if len(pending) >= batch_size:
-                flush()
-                if progress is not None:
-                    progress("prepare", report.records_read, total)
-        flush()
-        if progress is not None:
-            progress("prepare", report.records_read, total)
+    try:
+        for item, name in zip(items, names):
+            for outcomes in pool.map_chunks(settings, _chunks(iter_records(item), name, chunk)):
+                for outcome in outcomes:
+                    report.records_read += 1
+                    if outcome[0] == "bad":
+                        if on_error == "raise" or outcome[2] is None:
+                            raise outcome[1]
+                        report.entries.append(outcome[2])
+                        continue
+                    pending.append(outcome)
+                    if len(pending) >= batch_size:
+                        flush()
+                        if progress is not None:
+                            progress("prepare", report.records_read, total)
+            flush()
+            if progress is not None:
+                progress("prepare", report.records_read, total)
+    finally:
+        if workers is None:
+            pool.close()
     return samples, report
 
 
-def _skip_entry(raw: RawRecord, sid: str, e: DataFormatError) -> SampleRecord:
-    detail = str(e)
-    return SampleRecord(sid, raw.source, raw.index, "skipped", e.reason, detail)
+def _chunks(records: Iterator[RawRecord], name: str, size: int) -> Iterator[list[tuple[RawRecord, str]]]:
+    """Consecutive runs of ``size`` ``(record, sample id)`` pairs."""
+    chunk: list[tuple[RawRecord, str]] = []
+    for raw in records:
+        chunk.append((raw, f"{name}:{raw.index}"))
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def display_names(items: list[Any]) -> list[str]:

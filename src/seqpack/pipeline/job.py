@@ -80,6 +80,8 @@ class PackJob:
         overwrite, rows_per_shard, validate: writer settings (replace, packs per shard, check rows).
         image_processor: the image processor given for image records, or ``None`` (transformers'
             Qwen2-VL defaults, built when the first image sample is met).
+        num_proc: processes that prepare records in the local engine (not a metadata setting: the
+            output is the same for every value).
     """
 
     inputs: tuple
@@ -99,6 +101,7 @@ class PackJob:
     rows_per_shard: int
     validate: bool
     image_processor: Any = None
+    num_proc: int = 1
 
     @classmethod
     def create(
@@ -122,11 +125,13 @@ class PackJob:
         image_processor: Any = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
+        num_proc: int | None = 1,
         log: Callable[[str], None] | None = None,
     ) -> "PackJob":
         """Validate every setting (in this order: capacity and pad multiple, algorithm, policies, output
         directory, image processor, inputs) and return the job. Arguments as
-        :func:`seqpack.pipeline.pack_dataset`; ``log`` receives one line per repeated input file.
+        :func:`seqpack.pipeline.pack_dataset` (``num_proc`` default 1; ``None``: the cores available to
+        this process, ``len(os.sched_getaffinity(0))``); ``log`` receives one line per repeated input file.
 
         Raises:
             PackConfigError: invalid settings (names the keys and ``seqpack pack`` flags).
@@ -136,6 +141,7 @@ class PackJob:
         m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
         algo = resolve_algorithm(algorithm, error=PackConfigError)
         _check_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
+        num_proc = _check_num_proc(num_proc)
         output = Path(output)
         check_output_dir(output, overwrite)
         proc = None
@@ -147,7 +153,7 @@ class PackJob:
             pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, pad_multiple=m,
             overlength=overlength, on_error=on_error, train_on=train_on,
             format=None if format in (None, "auto") else format, seed=seed, overwrite=overwrite,
-            rows_per_shard=rows_per_shard, validate=validate, image_processor=proc,
+            rows_per_shard=rows_per_shard, validate=validate, image_processor=proc, num_proc=num_proc,
         )
 
     def metadata_settings(
@@ -223,6 +229,15 @@ def _check_policies(**given: Any) -> None:
         if val not in allowed[key]:
             choices = ", ".join(str(c) for c in allowed[key] if c is not None)
             raise PackConfigError(f"{key}={val!r} is not valid (--{key.replace('_', '-')}); choose one of: {choices}")
+
+
+def _check_num_proc(num_proc: Any) -> int:
+    """``num_proc`` as an int >= 1 (``None``: the cores available to this process)."""
+    if num_proc is None:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    if isinstance(num_proc, bool) or not isinstance(num_proc, (int, np.integer)) or num_proc < 1:
+        raise PackConfigError(f"num_proc (--num-proc) must be an integer >= 1, got {num_proc!r}")
+    return int(num_proc)
 
 
 def _input_list(inputs: Any) -> list[Any]:

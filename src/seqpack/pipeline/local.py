@@ -1,5 +1,6 @@
 """The local engine: :func:`pack_dataset` builds a :class:`~seqpack.pipeline.job.PackJob` and runs the
-stages (:mod:`seqpack.pipeline.stages`) top to bottom in one process.
+stages (:mod:`seqpack.pipeline.stages`) top to bottom in one process (records are rendered and
+tokenized in ``num_proc`` worker processes, :class:`seqpack.data.workers.PreparePool`).
 
 Memory: input files are prepared one at a time and their samples spilled to disk
 (:class:`seqpack.io.spill.SampleSpill`); planning uses the int64 length array and rows are rebuilt pack
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from seqpack.data.workers import PreparePool
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.metadata import PackedMetadata
 from seqpack.io.reader import load_packed
@@ -79,6 +81,7 @@ def pack_dataset(
     image_processor: Any = None,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
+    num_proc: int | None = 1,
 ) -> PackResult:
     """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
 
@@ -125,6 +128,9 @@ def pack_dataset(
             defaults), a ``preprocessor_config.json`` path/folder, a dict, or a processor.
         min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
             tokens per image).
+        num_proc: processes that render and tokenize records (default 1 = this process; ``None``: the
+            cores available to this process, ``len(os.sched_getaffinity(0))``). The output (rows, report,
+            metadata fingerprint) and the errors are the same for every value; not a metadata setting.
 
     Returns:
         :class:`PackResult`.
@@ -147,12 +153,13 @@ def pack_dataset(
         pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, overlength=overlength,
         on_error=on_error, train_on=train_on, seed=seed, format=format, overwrite=overwrite,
         rows_per_shard=rows_per_shard, validate=validate, image_processor=image_processor,
-        min_pixels=min_pixels, max_pixels=max_pixels, log=say,
+        min_pixels=min_pixels, max_pixels=max_pixels, num_proc=num_proc, log=say,
     )
     tok = stages.open_tokenizer(job)
     totals = stages.PrepareTotals()
     proc = job.image_processor
     spill = None
+    workers = PreparePool(job.num_proc, tok.tokenizer)
     try:
         # ---- 1. prepare: files one at a time into a disk spill; in-memory inputs all at once in memory
         if not _FORCE_IN_MEMORY.get() and all(isinstance(i, (str, os.PathLike)) for i in job.inputs):
@@ -165,7 +172,9 @@ def pack_dataset(
                 def file_progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
                     bars(stage, _base + done if stage == "prepare" else done, total)
 
-                part = stages.prepare(job, tok, [item], [name], image_processor=proc, progress=file_progress)
+                part = stages.prepare(
+                    job, tok, [item], [name], image_processor=proc, progress=file_progress, workers=workers
+                )
                 proc = part.image_processor
                 totals.add(part)
                 spill.extend(part.samples)
@@ -173,12 +182,13 @@ def pack_dataset(
             num_samples, trainable, get_sample = len(spill), spill.trainable_tokens, spill.get
             lengths = spill.lengths()
         else:
-            part = stages.prepare(job, tok, list(job.inputs), image_processor=proc, progress=bars)
+            part = stages.prepare(job, tok, list(job.inputs), image_processor=proc, progress=bars, workers=workers)
             proc, samples = part.image_processor, part.samples
             totals.add(part)
             num_samples, trainable = len(samples), int(sum(s.num_trainable for s in samples))
             get_sample = samples.__getitem__
             lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+        workers.close()
         report = totals.finish()
         t_prep = time.perf_counter()
         stages.check_prepared(job, report, totals.sources, num_samples, totals.stats, say)
@@ -201,6 +211,7 @@ def pack_dataset(
         rows = stages.build_rows(job, plan.bins, get_sample, tok.pad_token_id, bars)
         meta = stages.write(job, rows, meta, report.entries)
     finally:
+        workers.close()
         if spill is not None:
             spill.cleanup()
     t_end = time.perf_counter()

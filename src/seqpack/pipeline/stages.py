@@ -125,7 +125,7 @@ class Prepared:
 def prepare(
     job: PackJob, tok: JobTokenizer, items: Sequence[Any], names: Sequence[str] | None = None, *,
     image_processor: Any = None, progress: Callable[[str, int, int | None], None] | None = None,
-    text_check: Callable[[list], None] | None = None,
+    text_check: Callable[[list], None] | None = None, workers: Any = None,
 ) -> Prepared:
     """Read, normalise and tokenize ``items`` without a length limit (an image sample's length is only
     known after its placeholders are expanded), then apply the job's over-length policy and expand
@@ -137,6 +137,8 @@ def prepare(
             those of one ``prepare`` call on every input; ``None`` keeps ``prepare``'s own names.
         image_processor: the processor for image samples (``None``: the job's, else built on demand).
         text_check: called with the tokenized samples before the length step (may raise).
+        workers: a ``seqpack.data.workers.PreparePool`` for ``tok.tokenizer`` that renders and
+            tokenizes the records (``None``: this process); the result is the same either way.
 
     Raises:
         DataFormatError / TokenizerError / OverlengthError / ValueError: as ``seqpack.data.prepare`` and
@@ -145,7 +147,7 @@ def prepare(
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
     samples, rep = data.prepare(
         one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
-        train_on=job.train_on, format=job.format, progress=progress,
+        train_on=job.train_on, format=job.format, progress=progress, workers=workers,
     )
     if names is not None and len(items) == 1:
         rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
