@@ -159,6 +159,15 @@ def test_ray_settings_checked_before_starting_ray(tmp_path):
         pack_dataset_ray(None, tmp_path / "o", seq_length=100, context_parallel_size=2, pad_to_multiple_of=16)
 
 
+def test_ray_refuses_local_engine_settings_before_starting_ray(tmp_path):
+    from seqpack.pipeline import pack_dataset_ray
+
+    for bad in ({"num_proc": 2}, {"image_processor": {}}, {"seq_lenght": 1024}):
+        with pytest.raises(TypeError, match=f"pack_dataset_ray\\(\\) does not take {next(iter(bad))}:"):
+            pack_dataset_ray(None, tmp_path / "o", **bad)
+    assert not (tmp_path / "o").exists()
+
+
 def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
     from seqpack.pipeline import ray as ray_engine
 

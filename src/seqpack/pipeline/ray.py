@@ -138,23 +138,15 @@ def _build_group(t, job: PackJob, pad_token_id: int):
     return pack_rows(pa, 0, p_sorted[starts], packs).drop_columns(["summary"])
 
 
+#: the :class:`PackJob` settings the Ray engine takes (image records and ``num_proc`` are local-engine settings).
+RAY_JOB_SETTINGS = ("tokenizer", "seq_length", "algorithm", "pad_to_multiple_of", "context_parallel_size",
+                    "overlength", "on_error", "train_on", "seed", "format", "overwrite", "rows_per_shard", "validate")
+
+
 def pack_dataset_ray(
     inputs: Any = None,
     output: str | os.PathLike = "packed",
     *,
-    tokenizer: Any = "qwen3",
-    seq_length: int = 4096,
-    algorithm: Any = None,
-    pad_to_multiple_of: int = 1,
-    context_parallel_size: int = 1,
-    overlength: str = "truncate",
-    on_error: str = "raise",
-    train_on: str = "assistant",
-    seed: int = 0,
-    format: str | None = "auto",
-    overwrite: bool = False,
-    rows_per_shard: int = 2048,
-    validate: bool = True,
     progress: Any = None,
     log: Callable[[str], None] | None = None,
     num_cpus: int | None = None,
@@ -162,11 +154,14 @@ def pack_dataset_ray(
     packs_per_task: int = 512,
     ray_address: str | None = None,
     object_store_memory: int | None = None,
+    **settings: Any,
 ):
     """Pack chat/instruction data on Ray Data (module docstring); drop-in for ``pack_dataset``.
 
     Args:
-        inputs ... log: exactly as :func:`seqpack.pipeline.pack_dataset` (same defaults, same meaning).
+        inputs, output, progress, log: as :func:`seqpack.pipeline.pack_dataset`.
+        **settings: the job settings of :func:`seqpack.pipeline.pack_dataset` named in
+            :data:`RAY_JOB_SETTINGS` (same defaults, same meaning: :meth:`PackJob.create` holds them).
         num_cpus: CPUs for a local Ray runtime started here, and the most tokenizer actors used
             (default: every CPU of the cluster). Ignored for the size of an already running runtime.
         planning: ``"global"`` (packs identical to the local engine's) or ``"per_shard"`` (plan inside
@@ -183,6 +178,7 @@ def pack_dataset_ray(
         mode, worker count and (per-shard) the efficiency loss.
 
     Raises:
+        TypeError: a setting the Ray engine does not take (``image_processor``, ``num_proc``, a typo).
         ImportError: Ray is not installed (says ``pip install "seqpack[ray]"``).
         PackConfigError: invalid settings or policies (as the local engine), or an unknown ``planning``.
         NothingToPackError: every record was dropped or skipped (nothing is written).
@@ -190,6 +186,11 @@ def pack_dataset_ray(
         DataFormatError / OverlengthError / FileNotFoundError: bad inputs, re-raised from the worker with
             the local engine's message (file, record, fix).
     """
+    unknown = sorted(set(settings) - set(RAY_JOB_SETTINGS))
+    if unknown:
+        raise TypeError(f"pack_dataset_ray() does not take {', '.join(unknown)}: image records and num_proc are "
+                        f"settings of the local engine (seqpack.pipeline.pack_dataset); the job settings it takes are "
+                        f"{', '.join(RAY_JOB_SETTINGS)}")
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
     bars = stages.Progress(progress)
@@ -197,12 +198,7 @@ def pack_dataset_ray(
         raise PackConfigError(f"planning={planning!r} (key: planning) must be one of {PLANNING_MODES}")
     if int(packs_per_task) < 1:
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
-    job = PackJob.create(
-        inputs, output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algorithm,
-        pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, overlength=overlength,
-        on_error=on_error, train_on=train_on, seed=seed, format=format, overwrite=overwrite,
-        rows_per_shard=rows_per_shard, validate=validate, log=say,
-    )
+    job = PackJob.create(inputs, output, log=say, **settings)
     require_ray()
     from ray.data.expressions import col
 
