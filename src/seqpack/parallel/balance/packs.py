@@ -42,6 +42,8 @@ def _check_inputs(tokens, cost, dp_size, micro_batches, token_cap):
 
 
 def check_formation(formation: str) -> None:
+    """Raise ``ValueError`` unless ``formation`` (how packs are grouped into steps) is ``"auto"``,
+    ``"cost"`` or ``"deficit"``."""
     if formation not in ("auto", "cost", "deficit"):
         raise ValueError(f"formation must be 'auto', 'cost' or 'deficit', got {formation!r}")
 

@@ -190,7 +190,11 @@ def check_count(name: str, value) -> None:
 
 
 def step_shape(p: int, dp: int, mb: int) -> list[int]:
-    """Micro-batches per rank of each step."""
+    """Micro-batches per rank of each step, for ``p`` packs over ``dp`` ranks and ``mb`` micro-batches.
+
+    Full steps hold ``dp * mb`` packs (``mb`` per rank); a remainder step holds ``ceil(rest / dp)`` per
+    rank (its missing slots become :data:`FILLER`). Returns a list of ints, one per step.
+    """
     g = dp * mb
     full, rest = divmod(p, g)
     shape = [mb] * full
