@@ -6,6 +6,8 @@ message and exit with code 2 (invalid settings) or 1 (data / file problems), wit
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import List, Optional
 
@@ -108,6 +110,7 @@ def pack(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=_err, transient=False,
     )
+    restore = _terminate_like_interrupt()
     try:
         if progress is not None:
             progress.start()
@@ -121,6 +124,9 @@ def pack(
         finally:
             if progress is not None:
                 progress.stop()
+            restore()
+    except Terminated:
+        _fail(f"terminated (SIGTERM); nothing was written to {output}", 143)
     except KeyboardInterrupt:
         _fail(f"interrupted; nothing was written to {output}", 130)
     except Exception as exc:  # noqa: BLE001 - user errors become messages, bugs keep their traceback
@@ -132,6 +138,23 @@ def pack(
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
     _print_entries(res.report.entries, res.output)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, Kubernetes, ``timeout`` and ``docker stop`` send) during ``seqpack pack``."""
+
+
+def _terminate_like_interrupt():
+    """Make SIGTERM unwind like Ctrl-C (temp folders, spills and workers are cleaned up on the way out);
+    returns the function that puts the previous handler back. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _print_entries(entries, output: Path, limit: int = 5) -> None:

@@ -87,7 +87,8 @@ class PackedMetadata:
         inputs: ``[{path, bytes, sha256}]`` for every input.
         shards: the Parquet shards, in row order.
         columns: the column names stored per row.
-        created_at: ISO-8601 UTC time of writing.
+        created_at: ``SOURCE_DATE_EPOCH`` as ISO-8601 UTC when it was set, else ``""`` (no wall clock:
+            equal inputs give a byte-identical file; :func:`seqpack.io.writer.created_at`).
         media: ``None`` for text-only datasets; for image-text data: ``image_processor`` (the full
             JSON settings of the Qwen2-VL image processor used, enough to rebuild it with
             ``seqpack.data.media.load_image_processor``), ``min_pixels``, ``max_pixels``,

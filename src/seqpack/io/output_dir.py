@@ -1,18 +1,52 @@
 """The output directory of a packed dataset: refuse what must not be written, clean up after killed
-writers, fsync, and publish the finished temp directory atomically (an ``os.rename`` within one
-directory is atomic on POSIX). An existing dataset is replaced only with ``overwrite=True``; a
-non-empty directory that is not a seqpack dataset is never deleted."""
+writers, fsync, and publish the finished temp directory atomically.
+
+Rules:
+
+- The output location is checked before any data is read (:func:`check_output_dir`): its parent must be
+  a directory seqpack can create entries in, the output must not be a file or a mount point (a dataset
+  is published by renaming a finished folder onto the output path).
+- An existing dataset is replaced only with ``overwrite=True``, and only if the folder holds nothing but
+  what seqpack writes (:data:`SEQPACK_ENTRIES`, and Parquet shards in ``data/``); any other file is
+  named in the refusal and never deleted. A non-empty folder that is not a seqpack dataset is never
+  deleted.
+- Publishing is atomic from the reader's view: on Linux the finished folder and the old dataset are
+  swapped with one ``renameat2(RENAME_EXCHANGE)`` call, so the output path holds the old or the new
+  dataset at every instant. Elsewhere (or on a file system without it) the old dataset is renamed aside to
+  ``.NAME.old-<pid>-<id>`` first; if the process dies between the two renames, the next run restores it.
+- Leftovers of killed runs (``.NAME.tmp-<pid>-*`` write folders, ``.NAME.spill-<pid>-*`` sample spills,
+  ``.NAME.old-<pid>-*`` replaced datasets) whose process is gone are removed by the next run for the same
+  output (:func:`remove_leftovers`, called by every run before it writes anything).
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
 import uuid
 from pathlib import Path
 
-from seqpack.io.metadata import METADATA_FILE
+from seqpack.io.metadata import DATA_DIR, METADATA_FILE, REPORT_FILE
 
-__all__ = ["check_output_dir", "fsync_dir", "fsync_file", "publish_dir", "remove_dead_temps"]
+__all__ = [
+    "LEFTOVER_KINDS",
+    "SEQPACK_ENTRIES",
+    "check_output_dir",
+    "fsync_dir",
+    "fsync_file",
+    "publish_dir",
+    "remove_leftovers",
+    "stranger_entries",
+    "temp_name",
+]
+
+#: What seqpack writes at the top of a dataset folder (``.cache``: the reader's Arrow cache).
+SEQPACK_ENTRIES = (METADATA_FILE, REPORT_FILE, DATA_DIR, ".cache")
+
+#: Hidden sibling folders a run creates beside the output: ``.NAME.<kind>-<pid>-<id>``.
+LEFTOVER_KINDS = ("tmp", "spill", "old")
 
 
 def fsync_file(path: Path) -> None:
@@ -38,15 +72,72 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an output directory that must not be written (call it before any expensive work).
+def temp_name(output: str | os.PathLike, kind: str) -> Path:
+    """The hidden sibling ``.NAME.<kind>-<pid>-<id>`` of ``output`` for this process (``kind`` in
+    :data:`LEFTOVER_KINDS`); :func:`remove_leftovers` recognises it once the process is gone."""
+    if kind not in LEFTOVER_KINDS:
+        raise ValueError(f"kind must be one of {LEFTOVER_KINDS}, got {kind!r}")
+    out = Path(output)
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    Raises:
-        FileExistsError: ``output`` is an existing seqpack dataset and ``overwrite`` is False, or it is
-            a file, or a non-empty directory that is not a seqpack dataset (never deleted, even with
-            ``overwrite``).
+
+def stranger_entries(output: str | os.PathLike) -> list[str]:
+    """Paths (relative to ``output``) inside a dataset folder that seqpack did not write.
+
+    seqpack writes :data:`SEQPACK_ENTRIES` at the top and ``shard-*.parquet`` files (and their
+    ``.tmp`` forms) in ``data/``; anything else (a user's notes, a checkpoint, an input file) is a stranger.
     """
     out = Path(output)
+    found = []
+    for p in sorted(out.iterdir()):
+        if p.name not in SEQPACK_ENTRIES:
+            found.append(p.name + ("/" if p.is_dir() else ""))
+        elif p.name == DATA_DIR:
+            if not p.is_dir():
+                found.append(p.name)
+                continue
+            for q in sorted(p.iterdir()):
+                if not (q.is_file() and q.name.startswith("shard-") and ".parquet" in q.name):
+                    found.append(f"{DATA_DIR}/{q.name}" + ("/" if q.is_dir() else ""))
+        elif p.name in (METADATA_FILE, REPORT_FILE) and not p.is_file():
+            found.append(p.name + "/")
+    return found
+
+
+def _check_location(out: Path) -> None:
+    """The parent chain of ``out`` must lead to a directory this process can create entries in."""
+    parent = out.absolute().parent
+    probe = parent
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise NotADirectoryError(
+            f"cannot write the output {out}: {probe} is a file, not a folder; choose an --output whose parent "
+            "is a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"cannot write the output {out}: no permission to create files in {probe}; choose an --output in a "
+            "folder you can write to")
+    if out.exists() and out.is_dir() and os.path.ismount(out):
+        raise FileExistsError(
+            f"output {out} is a mount point; seqpack publishes a dataset by renaming a finished folder onto the "
+            f"output path, which a mount point cannot take. Use a folder inside it, e.g. --output {out / 'packed'}")
+
+
+def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse an output location that must not be written (call it before any data is read).
+
+    Raises:
+        NotADirectoryError: a parent of ``output`` is a file.
+        PermissionError: the nearest existing parent is not writable.
+        FileExistsError: ``output`` is a file or a mount point; an existing seqpack dataset and
+            ``overwrite`` is False; a dataset holding files seqpack did not write (named, never
+            deleted); a non-empty directory that is not a seqpack dataset (never deleted).
+    """
+    out = Path(output)
+    _check_location(out)
     if not out.exists():
         return
     if not out.is_dir():
@@ -58,6 +149,14 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
             raise FileExistsError(
                 f"output {out} already holds a packed dataset; pass --overwrite (overwrite=True) to "
                 "replace it, or choose another --output"
+            )
+        strangers = stranger_entries(out)
+        if strangers:
+            shown = ", ".join(strangers[:10]) + (f" and {len(strangers) - 10} more" if len(strangers) > 10 else "")
+            raise FileExistsError(
+                f"output {out} holds a packed dataset and files seqpack did not write ({shown}); --overwrite "
+                "replaces only seqpack's own files and never deletes yours. Move them out of the folder, or "
+                "choose another --output"
             )
         return
     raise FileExistsError(
@@ -77,35 +176,75 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_dead_temps(output: Path) -> None:
-    """Delete ``.NAME.tmp-<pid>-<id>`` directories left by writers that were killed (their pid is gone)."""
-    for p in output.parent.glob(f".{output.name}.tmp-*"):
-        try:
-            pid = int(p.name[len(f".{output.name}.tmp-") :].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
+def remove_leftovers(output: str | os.PathLike) -> list[Path]:
+    """Clean up after runs for ``output`` that were killed (their process is gone).
+
+    Write folders and sample spills are deleted. A replaced dataset (``.NAME.old-*``) is put back on the
+    output path when nothing is there (the run died between its two renames), else deleted. Folders of
+    live processes (another run in progress) are left alone.
+
+    Returns:
+        the leftover paths handled (deleted or restored).
+    """
+    out = Path(output)
+    handled = []
+    if not out.parent.is_dir():
+        return handled
+    for kind in LEFTOVER_KINDS:
+        prefix = f".{out.name}.{kind}-"
+        for p in sorted(out.parent.glob(prefix + "*")):
+            try:
+                pid = int(p.name[len(prefix):].split("-")[0])
+            except ValueError:
+                continue
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            if kind == "old" and not out.exists() and (p / METADATA_FILE).is_file():
+                os.rename(p, out)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+            handled.append(p)
+    return handled
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def publish_dir(tmp: Path, output: Path, overwrite: bool) -> None:
-    """Rename the finished temp directory ``tmp`` onto ``output`` (an existing dataset is moved aside
-    first and deleted after; on failure it is put back).
+    """Put the finished temp directory ``tmp`` on ``output`` atomically (module docstring); an existing
+    dataset is swapped out and then deleted.
 
     Raises:
         FileExistsError: see :func:`check_output_dir` (the target appeared meanwhile).
     """
     check_output_dir(output, overwrite)
-    old = None
-    if output.exists():
-        old = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(output, old)
-    try:
+    if not output.exists():
         os.rename(tmp, output)
-    except BaseException:
-        if old is not None:
+    elif _exchange(tmp, output):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old dataset
+    else:
+        old = temp_name(output, "old")
+        os.rename(output, old)
+        try:
+            os.rename(tmp, output)
+        except BaseException:
             os.rename(old, output)
-        raise
-    fsync_dir(output.parent)
-    if old is not None:
+            raise
         shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(output.parent)

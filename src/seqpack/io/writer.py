@@ -19,7 +19,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -30,7 +29,7 @@ import pyarrow.parquet as pq
 
 from seqpack import __version__
 from seqpack.io.fingerprint import sha256_file
-from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_dead_temps
+from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
 from seqpack.io.metadata import (
     DATA_DIR,
     FORMAT_VERSION,
@@ -196,8 +195,8 @@ class PackedWriter:
         self.row_group_size = int(row_group_size)
         self.compression = compression
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        remove_dead_temps(self.output)
-        self.tmp = self.output.parent / f".{self.output.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        remove_leftovers(self.output)
+        self.tmp = temp_name(self.output, "tmp")
         (self.tmp / DATA_DIR).mkdir(parents=True)
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}
         self._buf_tokens = 0
@@ -272,7 +271,7 @@ class PackedWriter:
             metadata.columns = list(COLUMNS)
             metadata.format_version = FORMAT_VERSION
             metadata.seqpack_version = __version__
-            metadata.created_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            metadata.created_at = created_at()
             rep = self.tmp / REPORT_FILE
             with open(rep, "w", encoding="utf-8") as f:
                 for e in report_entries:
@@ -307,6 +306,24 @@ class PackedWriter:
         if exc_type is not None or not self._done:
             if not self._done:
                 self.abort()
+
+
+def created_at() -> str:
+    """The ``created_at`` of a dataset written now: ``SOURCE_DATE_EPOCH`` (seconds since the epoch, the
+    reproducible-builds convention) as ISO-8601 UTC when set, else ``""``. No wall clock, so equal inputs
+    and settings give a byte-identical ``metadata.json``; the folder's mtime tells when it was written.
+
+    Raises:
+        ValueError: ``SOURCE_DATE_EPOCH`` is set but not an integer.
+    """
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None or raw.strip() == "":
+        return ""
+    try:
+        t = int(raw)
+    except ValueError:
+        raise ValueError(f"SOURCE_DATE_EPOCH={raw!r} is not an integer number of seconds since 1970-01-01 UTC") from None
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def write_packed(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from seqpack.data.workers import PreparePool
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.metadata import PackedMetadata
 from seqpack.io.reader import load_packed
+from seqpack.io.output_dir import remove_leftovers, temp_name
 from seqpack.io.spill import SampleSpill
 from seqpack.pipeline import stages
 from seqpack.pipeline.job import PackJob
@@ -165,7 +165,8 @@ def pack_dataset(
         if not _FORCE_IN_MEMORY.get() and all(isinstance(i, (str, os.PathLike)) for i in job.inputs):
             output = job.output
             output.parent.mkdir(parents=True, exist_ok=True)
-            spill = SampleSpill(output.parent / f".{output.name}.spill-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            remove_leftovers(output)
+            spill = SampleSpill(temp_name(output, "spill"))
             for item, name in zip(job.inputs, stages.input_names(job)):
                 base = totals.report.records_read
 

@@ -1,0 +1,259 @@
+"""The output folder: overwrite replaces only seqpack's files, publishing is atomic, killed runs are cleaned
+up by the next run, SIGTERM unwinds like Ctrl-C, the location is checked before any data is read, and
+metadata.json is byte-identical for equal inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seqpack import pack_dataset
+from seqpack.io import output_dir
+from seqpack.io.output_dir import check_output_dir, publish_dir, remove_leftovers, stranger_entries
+
+DEMO = dict(seq_length=256)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _pack(out, **kw):
+    return pack_dataset(output=str(out), progress=None, **{**DEMO, **kw})
+
+
+def _hidden(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+# ------------------------------------------------------------------ overwrite keeps the user's files
+
+
+def test_overwrite_refuses_and_names_files_seqpack_did_not_write(tmp_path):
+    out = tmp_path / "ds"
+    _pack(out)
+    (out / "NOTES.md").write_text("mine")
+    (out / "ckpt").mkdir()
+    (out / "data" / "extra.bin").write_bytes(b"x")
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(FileExistsError) as e:
+        _pack(out, overwrite=True, seq_length=512)
+    msg = str(e.value)
+    for name in ("NOTES.md", "ckpt/", "data/extra.bin"):
+        assert name in msg
+    assert "never deletes yours" in msg
+    assert sorted(p.name for p in out.rglob("*")) == before  # nothing touched
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 256
+
+
+def test_overwrite_replaces_a_clean_dataset_and_its_cache(tmp_path):
+    from seqpack import load_packed
+
+    out = tmp_path / "ds"
+    _pack(out)
+    _ = load_packed(out)[0]  # creates the reader's .cache
+    assert stranger_entries(out) == []
+    _pack(out, overwrite=True, seq_length=512)
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 512
+    assert _hidden(tmp_path) == []
+
+
+def test_an_input_inside_the_output_is_never_deleted(tmp_path):
+    from seqpack.pipeline import sample_data_path
+
+    out = tmp_path / "ds"
+    _pack(out)
+    inp = out / "chat.jsonl"
+    inp.write_bytes(Path(sample_data_path()).read_bytes())
+    with pytest.raises(FileExistsError, match="chat.jsonl"):
+        pack_dataset([str(inp)], str(out), overwrite=True, progress=None, **DEMO)
+    assert inp.is_file()
+
+
+# ------------------------------------------------------------------ atomic publish
+
+
+def test_publish_swaps_atomically_where_the_kernel_can(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    _pack(out)
+    renames = []
+    real_rename = os.rename
+    monkeypatch.setattr(output_dir.os, "rename", lambda a, b: (renames.append((a, b)), real_rename(a, b))[1])
+    _pack(out, overwrite=True, seq_length=512)
+    # Linux: one renameat2(RENAME_EXCHANGE), never a moment without a dataset at `out`
+    assert renames == []
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 512
+
+
+def test_without_exchange_a_death_between_the_renames_is_repaired_by_the_next_run(tmp_path):
+    out = tmp_path / "ds"
+    _pack(out)
+    old = tmp_path / f".ds.old-{_dead_pid()}-deadbeef"
+    os.rename(out, old)  # the state a run killed between its two renames leaves
+    assert not out.exists()
+    handled = remove_leftovers(out)
+    assert handled == [old]
+    assert (out / "metadata.json").is_file() and not old.exists()
+
+
+def test_publish_fallback_puts_the_old_dataset_back_when_the_second_rename_fails(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    _pack(out)
+    tmp = tmp_path / ".ds.tmp-1-x"
+    tmp.mkdir()
+    (tmp / "metadata.json").write_text("{}")
+    monkeypatch.setattr(output_dir, "_exchange", lambda a, b: False)
+    real_rename = os.rename
+    calls = []
+
+    def rename(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise OSError("disk gone")
+        real_rename(a, b)
+
+    monkeypatch.setattr(output_dir.os, "rename", rename)
+    with pytest.raises(OSError, match="disk gone"):
+        publish_dir(tmp, out, overwrite=True)
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 256
+
+
+# ------------------------------------------------------------------ leftovers of killed runs
+
+
+def test_leftovers_of_dead_processes_are_removed_live_ones_kept(tmp_path):
+    out = tmp_path / "ds"
+    dead = _dead_pid()
+    for kind in ("tmp", "spill"):
+        (tmp_path / f".ds.{kind}-{dead}-0000").mkdir()
+    live = tmp_path / f".ds.spill-{os.getppid()}-1111"  # the test runner's parent: alive
+    live.mkdir()
+    other = tmp_path / f".other.tmp-{dead}-2222"  # another output's leftovers: not ours to judge
+    other.mkdir()
+    removed = remove_leftovers(out)
+    assert sorted(p.name for p in removed) == [f".ds.spill-{dead}-0000", f".ds.tmp-{dead}-0000"]
+    assert live.exists() and other.exists()
+
+
+def test_next_run_cleans_what_a_killed_run_left(tmp_path):
+    out = tmp_path / "ds"
+    dead = _dead_pid()
+    spill = tmp_path / f".ds.spill-{dead}-abcd"
+    spill.mkdir()
+    (spill / "tokens.bin").write_bytes(b"0" * 1000)
+    _pack(out)
+    assert _hidden(tmp_path) == []
+
+
+def _big_input(path: Path, n: int = 30000) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            f.write(json.dumps({"instruction": f"question {i} " + "word " * 40, "output": "answer " * 40}) + "\n")
+    return path
+
+
+def _start_pack(tmp_path: Path, out: Path) -> subprocess.Popen:
+    inp = _big_input(tmp_path / "big.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "seqpack", "pack", str(inp), "--output", str(out), "--seq-length", "512", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_spill(proc: subprocess.Popen, parent: Path, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if any(p.name.startswith(".ds.spill-") for p in parent.iterdir()):
+            time.sleep(0.5)  # well inside tokenizing
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"seqpack pack ended before it was killed: {proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("no spill folder appeared")
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
+    out = tmp_path / "ds"
+    proc = _start_pack(tmp_path, out)
+    _wait_for_spill(proc, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM); nothing was written" in err
+    assert "Traceback" not in err
+    assert not out.exists() and _hidden(tmp_path) == []
+
+
+def test_sigkill_leftovers_are_removed_by_the_next_run(tmp_path):
+    out = tmp_path / "ds"
+    proc = _start_pack(tmp_path, out)
+    _wait_for_spill(proc, tmp_path)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert any(n.startswith(".ds.spill-") for n in _hidden(tmp_path))  # SIGKILL cannot clean up
+    _pack(out)
+    assert _hidden(tmp_path) == []
+    assert (out / "metadata.json").is_file()
+
+
+# ------------------------------------------------------------------ location checked first
+
+
+def test_a_file_as_parent_is_refused_before_reading(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        pack_dataset([str(tmp_path / "missing.jsonl")], str(tmp_path / "f" / "out"), progress=None, **DEMO)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_unwritable_parent_is_refused_before_reading(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match="no permission to create files"):
+            check_output_dir(ro / "out", overwrite=False)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_a_mount_point_is_refused(tmp_path, monkeypatch):
+    out = tmp_path / "mnt"
+    out.mkdir()
+    (out / "x").write_text("1")
+    monkeypatch.setattr(output_dir.os.path, "ismount", lambda p: Path(p) == out)
+    with pytest.raises(FileExistsError, match="mount point.*--output .*packed"):
+        check_output_dir(out, overwrite=True)
+
+
+# ------------------------------------------------------------------ deterministic metadata
+
+
+def test_metadata_is_byte_identical_for_equal_inputs(tmp_path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _pack(a)
+    time.sleep(1.1)
+    _pack(b)
+    assert (a / "metadata.json").read_bytes() == (b / "metadata.json").read_bytes()
+    assert json.loads((a / "metadata.json").read_text())["created_at"] == ""
+
+
+def test_source_date_epoch_sets_created_at(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    _pack(tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "metadata.json").read_text())["created_at"] == "2023-11-14T22:13:20+00:00"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(ValueError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        _pack(tmp_path / "b")
+    assert _hidden(tmp_path) == []
