@@ -184,13 +184,21 @@ class StreamingPacker(IterableDataset):
         self.map_style = _is_map_style(source)
         self._numeric_source = isinstance(source, np.ndarray) and source.ndim == 1 and source.dtype.kind in "iu"
         self.epoch = 0
+        self._epoch_chosen = False  # set_epoch() was called: the caller's epoch wins over a loaded state's
         self._live: CarryOverBuffer | None = None
         self._pending_state: dict[str, Any] | None = None
 
     # -------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (reshuffles a map-style source and reseeds the packer's RNG)."""
+        """Select the epoch (reshuffles a map-style source and reseeds the packer's RNG).
+
+        Called before or after :meth:`load_state_dict` (a ``StatefulDataLoader`` loads the dataset's
+        state only when its next iterator starts), the epoch set here is the one the next ``iter()``
+        runs: a loaded state of that epoch resumes exactly; a state saved at the end of an earlier epoch
+        is complete and the new epoch starts from its beginning.
+        """
         self.epoch = int(epoch)
+        self._epoch_chosen = True
         if hasattr(self.source, "set_epoch"):
             self.source.set_epoch(int(epoch))
 
@@ -258,7 +266,8 @@ class StreamingPacker(IterableDataset):
             raise ValueError(f"state version {state.get('version')!r} is not supported (expected {STATE_VERSION})")
         check_same_settings(state["config"], self._config())
         self._pending_state = state
-        self.epoch = int(state["epoch"])
+        if not self._epoch_chosen:
+            self.epoch = int(state["epoch"])
         self._live = None
 
     # -------------------------------------------------------------------------------- reading
@@ -295,6 +304,16 @@ class StreamingPacker(IterableDataset):
     # -------------------------------------------------------------------------------- iteration
     def __iter__(self):
         state, self._pending_state = self._pending_state, None
+        if state is not None and int(state["epoch"]) != self.epoch:
+            if not state["finished"]:
+                self._pending_state = state
+                left = len(state["buffer_keys"]) + len(state["pending_keys"])
+                raise ValueError(
+                    f"the loaded StreamingPacker state stops inside epoch {int(state['epoch'])} ({left} samples in "
+                    f"the buffer and chosen packs, plus what is not read yet), but set_epoch({self.epoch}) was "
+                    f"called; iterating epoch {self.epoch} would skip them. Call set_epoch({int(state['epoch'])}) "
+                    "to finish that epoch first")
+            state = None  # the saved epoch is complete: this epoch starts from its beginning
         if state is not None:
             check_same_settings(state["config"], self._config())  # again: inside a worker the shard may differ
             run = CarryOverBuffer.from_state(state)
