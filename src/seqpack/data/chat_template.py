@@ -231,6 +231,18 @@ def render_conversation(
             index=conv.index,
             reason="template_error",
         )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataFormatError(
+            f"the text holds a lone surrogate {text[e.start]!r} (half of a UTF-16 pair, not a character), which no "
+            f"tokenizer can encode; near {text[max(0, e.start - 30):e.start]!r}.",
+            source=conv.source,
+            index=conv.index,
+            reason="bad_encoding",
+            fix="repair the text (the file was probably written from UTF-16 data, e.g. a JSON escape \\ud83d "
+            "without its pair), or remove the record; on_error='skip' skips and reports it.",
+        ) from None
     ends = markers.ends
 
     def span_mismatch(k: int, what: str, fix: str) -> DataFormatError:

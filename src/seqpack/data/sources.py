@@ -181,14 +181,14 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
         text = _decode_whole(path)
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            if e.msg == "Extra data":  # a .json file holding JSON lines
+        except (ValueError, RecursionError) as e:
+            if getattr(e, "msg", None) == "Extra data":  # a .json file holding JSON lines
                 yield from _iter_jsonl(path, base)
                 return
             raise DataFormatError(
-                f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}).",
+                f"is not valid JSON ({_json_problem(e, with_line=True)}).",
                 source=src,
-                line=e.lineno,
+                line=getattr(e, "lineno", None),
                 reason="malformed_json",
                 fix="repair the JSON (a JSON file must hold one array of records; use .jsonl for one record per line).",
             ) from None
@@ -256,6 +256,18 @@ def _decode_whole(path: Path) -> str:
         ) from None
 
 
+def _json_problem(e: BaseException, *, with_line: bool = False) -> str:
+    """What is wrong with a JSON text, for a message: the decoder's complaint and column, nesting too deep
+    for Python's parser, or an integer too long to convert (CPython's 4300-digit limit)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno}, column {e.colno}" if with_line else f"{e.msg} at column {e.colno}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply for the JSON parser"
+    if "integer string conversion" in str(e):
+        return "an integer with more than 4300 digits"
+    return str(e)
+
+
 def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
     """One ``RawRecord`` per non-blank line; lines are split on ``\\n`` as bytes and decoded one by one,
     so bad UTF-8 or bad JSON on one line makes only that record carry an ``error``."""
@@ -282,9 +294,9 @@ def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:
                 err = DataFormatError(
-                    f"malformed JSON ({e.msg} at column {e.colno}).",
+                    f"malformed JSON ({_json_problem(e)}).",
                     source=src,
                     index=lineno - 1,
                     line=lineno,

@@ -68,21 +68,40 @@ def _tool_calls_from_json(value: Any, ctx: _Ctx, where: str) -> list[dict]:
                 "bad_tool_call",
                 'a tool call must be JSON {"name": ..., "arguments": {...}}.',
             )
-        out.append({"type": "function", "function": {"name": c["name"], "arguments": _arguments(c.get("arguments"))}})
+        out.append({"type": "function", "function": {
+            "name": c["name"], "arguments": _arguments(c.get("arguments"), ctx, f"{where} ({c['name']!r}).arguments")}})
     return out
 
 
-def _arguments(args: Any) -> Any:
-    """Tool-call arguments as a dict when they are a JSON object string (HF convention), else as given."""
+def _arguments(args: Any, ctx: _Ctx, where: str) -> dict:
+    """Tool-call arguments as a dict: a JSON object, or a string holding one (OpenAI stores them as a JSON
+    string; HF chat templates take a dict). Absent arguments are ``{}``.
+
+    Raises:
+        DataFormatError: (reason ``"bad_tool_call"``) arguments that are not a JSON object, or a string
+            that does not parse as one: a template would render them as free text the model then learns.
+    """
     if args is None:
         return {}
+    parsed = args
     if isinstance(args, str):
         try:
-            parsed = json.loads(args)
-        except json.JSONDecodeError:
-            return args
-        return parsed if isinstance(parsed, dict) else args
-    return args
+            parsed = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError) as e:
+            raise ctx.err(
+                f"{where} is a string that is not valid JSON ({getattr(e, 'msg', type(e).__name__)}): {args[:80]!r}.",
+                "bad_tool_call",
+                'tool-call arguments must be a JSON object, e.g. "{\"city\": \"Paris\"}"; repair or remove the '
+                "record (on_error='skip' skips and reports it).",
+            ) from None
+    if not isinstance(parsed, dict):
+        raise ctx.err(
+            f"{where} is a JSON {type(parsed).__name__}, not an object.",
+            "bad_tool_call",
+            "tool-call arguments must be a JSON object mapping parameter names to values; repair or remove the "
+            "record (on_error='skip' skips and reports it).",
+        )
+    return parsed
 
 
 def _append_assistant_calls(msgs: list[dict], calls: list[dict]) -> None:
@@ -108,13 +127,23 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
     if not isinstance(tools, list):
         raise ctx.err(f"'tools' is a {type(tools).__name__}, expected a list.", "bad_tools", "make 'tools' a list.")
     out = []
-    for t in tools:
+    for i, t in enumerate(tools):
         if not isinstance(t, dict):
-            raise ctx.err("a tool is not an object.", "bad_tools", "each tool is a JSON schema object.")
+            raise ctx.err(f"tools[{i}] is not an object.", "bad_tools", "each tool is a JSON schema object.")
         if t.get("function") is not None or t.get("type") not in (None, "function"):
-            out.append(t)
+            tool = t
         else:
-            out.append({"type": "function", "function": t})
+            tool = {"type": "function", "function": t}
+        fn = tool.get("function")
+        if tool.get("type") in (None, "function") and not (
+                isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"].strip()):
+            raise ctx.err(
+                f"tools[{i}] is a function schema without a name.",
+                "bad_tools",
+                'give every function schema a name: {"type": "function", "function": {"name": ..., '
+                '"parameters": {...}}}; or remove the record (on_error=\'skip\' skips and reports it).',
+            )
+        out.append(tool)
     return out or None
 
 
