@@ -5,6 +5,7 @@ state saved mid-epoch and restored into a fresh loader."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -13,8 +14,8 @@ import pytest
 energon = pytest.importorskip("megatron.energon")
 wds = pytest.importorskip("webdataset")
 
-from click.testing import CliRunner  # noqa: E402
-from megatron.energon import (  # noqa: E402
+from click.testing import CliRunner
+from megatron.energon import (
     Cooker,
     DefaultTaskEncoder,
     WorkerConfig,
@@ -23,12 +24,12 @@ from megatron.energon import (  # noqa: E402
     get_train_dataset,
     stateless,
 )
-from megatron.energon.errors import FatalSampleError  # noqa: E402
-from megatron.energon.tools.prepare import command as energon_prepare  # noqa: E402
+from megatron.energon.errors import FatalSampleError
+from megatron.energon.tools.prepare import command as energon_prepare
 
-from seqpack.interop.energon import ENERGON_KEYS, SeqpackPack, SeqpackPackingMixin  # noqa: E402
-from seqpack.packed import PackedSequence  # noqa: E402
-from seqpack.sample import IGNORE_INDEX  # noqa: E402
+from seqpack.interop.energon import ENERGON_KEYS, SeqpackPack, SeqpackPackingMixin
+from seqpack.packed import PackedSequence
+from seqpack.sample import IGNORE_INDEX
 
 N_SAMPLES, SEQ, PAD, MULT = 60, 64, 0, 4
 ROW_FIELDS = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "position_ids", "loss_mask")
@@ -90,7 +91,7 @@ class CrudeEncoder(SeqpackPackingMixin, DefaultTaskEncoder):
     """Token ids already in the sample: the mixin's own encode_sample."""
 
     seq_length, pad_token_id, pad_to_multiple_of = SEQ, PAD, MULT
-    cookers = [Cooker(cook_ids)]
+    cookers = (Cooker(cook_ids),)
 
 
 def _loader(path, encoder, workers: int, state=None, **kw):
@@ -189,7 +190,9 @@ def test_over_length_sample_is_refused_at_the_first_buffer(text_dataset):
     while e is not None:
         chain.append(str(e))
         e = e.__cause__ or e.__context__
-    assert any("does not fit capacity 16" in m and "overlength='drop'" in m for m in chain)
+    # the refusal names the sample (its Energon __key__), its length, the capacity and the fix
+    assert any(re.search(r"sample_id '\d{4}'\) has length \d+ \(padded \d+\), which does not fit capacity 16", m)
+               and "overlength='drop'" in m for m in chain), chain
 
 
 def test_sample_without_token_ids_is_refused(text_dataset):

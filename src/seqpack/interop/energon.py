@@ -20,7 +20,7 @@ each item's ``__restore_key__``; every item here carries the Energon metadata of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 try:
     from megatron.energon import Sample as EnergonSample
@@ -55,6 +55,11 @@ class SeqpackSample(EnergonSample):
 
     sample: Sample
 
+    @property
+    def sample_id(self) -> str:
+        """The seqpack sample's id (the raw sample's ``__key__``), named in seqpack's errors."""
+        return self.sample.sample_id
+
 
 @edataclass
 class SeqpackPack(EnergonSample):
@@ -83,7 +88,8 @@ class SeqpackPackingMixin:
     Settings (class attributes, or set them in ``__init__``):
         seq_length: tokens per packed row (required; divisible by ``pad_to_multiple_of``).
         pad_token_id: id written into padding slots (required; the tokenizer's ``pad_token_id``).
-        pad_to_multiple_of: per-segment physical length multiple (default 1).
+        pad_to_multiple_of: per-segment physical length multiple (default 1; with context parallelism the
+            multiple from :func:`seqpack.padding.compute_pad_multiple`).
         pad_to_max_length: pad every row to ``seq_length`` (static shapes; default False).
         algorithm: a :class:`~seqpack.algorithms.PackingAlgorithm` or its name; None = seqpack's default.
         overlength: ``"error"`` (default) refuses a sample longer than ``seq_length``; ``"drop"`` drops it
@@ -110,8 +116,8 @@ class SeqpackPackingMixin:
     and skip the whole buffer.
     """
 
-    seq_length: ClassVar[int]
-    pad_token_id: ClassVar[int]
+    seq_length: int
+    pad_token_id: int
     pad_to_multiple_of: int = 1
     pad_to_max_length: bool = False
     algorithm: Any = None
