@@ -202,3 +202,42 @@ def test_sample_without_token_ids_is_refused(text_dataset):
     with pytest.raises(FatalSampleError) as exc:
         next(iter(_loader(text_dataset, NoIds(), 0)))
     assert "has no input_ids; override encode_sample" in str(exc.value.__context__)
+
+
+def test_energon_batch_runs_a_real_model_per_sample_exactly(text_dataset, ids):
+    """The batch as Energon yields it (Energon keys included) goes to seqpack.hf.packed_forward; every
+    segment's logits equal the sample's own forward through the model as loaded."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from seqpack.hf import packed_forward
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=1100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).train()
+    batch = next(iter(_loader(text_dataset, TextEncoder(), 0)))
+    cu, cup = batch["cu_seqlens"].tolist(), batch["cu_seqlens_padded"].tolist()
+    assert len(batch["sample_ids"]) >= 3
+    with torch.no_grad():
+        out = packed_forward(model, batch)
+        for s, name in enumerate(batch["sample_ids"]):
+            alone = model(torch.tensor([ids[name]])).logits[0]
+            n = cu[s + 1] - cu[s]
+            torch.testing.assert_close(out.logits[0, cup[s]: cup[s] + n], alone, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(out.loss)
+
+
+def test_label_conventions_and_output_formats():
+    class HfLabels(TextEncoder):
+        label_convention, collate_format, attn_implementation = "hf", "hf", "sdpa"
+
+    enc = HfLabels()
+    # unshifted HF labels [-100, 6, 7] on ids [5, 6, 7] -> shifted [6, 7, -100]
+    s = enc.seqpack_sample({"__key__": "k", "__restore_key__": ("X", 0)}, [5, 6, 7], [IGNORE_INDEX, 6, 7])
+    assert s.sample.labels.tolist() == [6, 7, IGNORE_INDEX] and s.__restore_key__ == ("X", 0)
+    assert s.sample_id == "k"
+    batch = enc.batch([enc.pack_selected_samples([s])])
+    assert set(ENERGON_KEYS) <= set(batch) and batch["__key__"] == ["k"]
+    assert batch["attention_mask"].dim() == 4 and batch["position_ids"].tolist() == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="label_convention must be 'shifted' or 'hf'"):
+        type("Bad", (TextEncoder,), {"label_convention": "unshifted"})().seqpack_sample({"__key__": "k"}, [1, 2])
