@@ -12,9 +12,12 @@ Mix :class:`SeqpackPackingMixin` in front of an Energon task encoder and pass ``
 Energon then runs, per worker: ``encode_sample`` (raw sample -> :class:`SeqpackSample`), the packing
 buffer (``select_samples_to_pack``: seqpack's packing algorithm), ``pack_selected_samples`` (the one row
 builder -> :class:`SeqpackPack`) and ``batch`` (:class:`~seqpack.collate.PackedCollator` -> one THD batch
-dict). Energon restores a saved loader state by re-running the stateless steps on the samples named by
-each item's ``__restore_key__``; every item here carries the Energon metadata of the samples it holds
-(``__key__``, ``__restore_key__``, ``__subflavors__``, ``__sources__``), as Energon's own packing does.
+dict). Every item here carries the Energon metadata of the samples it holds (``__key__``,
+``__restore_key__``, ``__subflavors__``, ``__sources__``), as Energon's own packing does. Energon saves its
+shuffle and packing buffers as the ``__restore_key__`` of the encoded samples in them and rebuilds them
+by re-running the stateless steps (cooker, ``encode_sample``) on the raw samples those keys name, so an
+encoded sample without the raw sample's key cannot be restored; a pack's or batch's key rebuilds that
+one item (``loader.restore_sample(batch["__restore_key__"])``).
 """
 
 from __future__ import annotations
