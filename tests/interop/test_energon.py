@@ -120,7 +120,8 @@ def _assert_same(a: list[dict], b: list[dict]) -> None:
 
 
 def _check_batch(batch: dict, ids: dict[str, list[int]]) -> list[str]:
-    """``batch`` (as :func:`_rows` keeps it): the THD row is valid and every segment holds its source sample's tokens; returns the segments' names."""
+    """``batch`` (as :func:`_rows` keeps it): the THD row and each pack in it are valid, every segment
+    holds its source sample's tokens; returns the segments' names."""
     names = list(batch["sample_ids"])  # the raw samples' __key__
     tokens, labels, cu, cup = (batch[k] for k in ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded"))
     tokens, labels = tokens[0], labels[0]
@@ -172,12 +173,26 @@ def test_packs_and_batches_carry_restore_keys(text_dataset, ids):
     _assert_same([_rows(batch)], [_rows(again)])
     key = batch["__restore_key__"]
     assert key[0] == "SimpleSavableDatasetWrapper" and "BatchDataset" in key and set(ENERGON_KEYS) <= set(batch)
+    # a pack of two samples: joined keys, the primary's subflavors, the row of both samples in order
     enc = TextEncoder()
-    packs = [enc.pack_selected_samples([enc.seqpack_sample(
-        {"__key__": k, "__restore_key__": ("X", i)}, ids[k])]) for i, k in enumerate(["0000", "0001"])]
-    assert isinstance(packs[0], SeqpackPack) and packs[0].__key__ == "0000"
-    packs[0].packed.validate(capacity=SEQ)
-    assert packs[0].packed.input_ids.tolist()[: len(ids["0000"])] == ids["0000"]
+    raw = [{"__key__": k, "__restore_key__": ("X", i), "__subflavors__": {"src": "a"}}
+           for i, k in enumerate(["0000", "0001"])]
+    pack = enc.pack_selected_samples([enc.seqpack_sample(r, ids[r["__key__"]]) for r in raw])
+    assert isinstance(pack, SeqpackPack) and pack.__key__ == "0000,0001" and pack.__subflavors__ == {"src": "a"}
+    pack.packed.validate(capacity=SEQ)
+    assert pack.packed.sample_ids == ["0000", "0001"]
+    assert pack.packed.input_ids[pack.packed.real_token_indices()].tolist() == ids["0000"] + ids["0001"]
+
+
+def test_overlength_drop_accounts_for_every_sample(text_dataset, ids, caplog):
+    class Drop(TextEncoder):
+        seq_length, overlength = 16, "drop"
+
+    with caplog.at_level("WARNING", logger="seqpack.stream"):
+        packed = [n for b in _loader(text_dataset, Drop(), 0) for n in b["sample_ids"]]
+    dropped = sum(int(re.search(r"dropped (\d+) over-length", r.getMessage()).group(1)) for r in caplog.records)
+    fits = [k for k, v in ids.items() if -(-len(v) // MULT) * MULT <= 16]
+    assert sorted(packed) == sorted(fits) and dropped == len(ids) - len(fits) > 0
 
 
 def test_over_length_sample_is_refused_at_the_first_buffer(text_dataset):
