@@ -2,21 +2,9 @@
 
 :func:`select_samples_to_pack` groups a buffer of samples into packs; :func:`pack_selected_samples`
 builds one packed row from a group. An Energon ``TaskEncoder`` (which owns the buffer there,
-``packing_buffer_size``) can delegate to them::
-
-    from megatron.energon import DefaultTaskEncoder
-    from seqpack.stream import pack_selected_samples, select_samples_to_pack
-
-    class PackingTaskEncoder(DefaultTaskEncoder):
-        def __init__(self, seq_length: int, pad_token_id: int, pad_to_multiple_of: int = 1):
-            super().__init__()
-            self.seq_length, self.pad_token_id, self.mult = seq_length, pad_token_id, pad_to_multiple_of
-
-        def select_samples_to_pack(self, samples):
-            return select_samples_to_pack(samples, capacity=self.seq_length, pad_to_multiple_of=self.mult)
-
-        def pack_selected_samples(self, samples):
-            return pack_selected_samples(samples, pad_token_id=self.pad_token_id, pad_to_multiple_of=self.mult)
+``packing_buffer_size``) delegates to them through :class:`seqpack.interop.energon.SeqpackPackingMixin`,
+which also gives every sample, pack and batch the ``__restore_key__`` Energon needs to restore a saved
+loader state, and batches through :class:`~seqpack.collate.PackedCollator`.
 
 The helpers below them (lengths, naming dropped samples, running an algorithm or a callable on a
 buffer) are shared with :class:`~seqpack.stream.StreamingPacker`.
