@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -338,7 +339,7 @@ def test_read_only_dataset_dir_falls_back_to_temp_cache(written, monkeypatch, tm
     ds = load_packed(out)
     assert ds[4].sample_ids == ["h"] and ds[0].sample_ids == ["a", "b"]
     assert not (out / ".cache").exists()
-    assert len(list((tmp_path / "tmp" / "seqpack-arrow-cache").rglob("*.arrow"))) == 2  # opened lazily: shards 2 and 0
+    assert len(list((tmp_path / "tmp" / f"seqpack-arrow-cache-{os.getuid()}").rglob("*.arrow"))) == 2  # opened lazily: shards 2 and 0
 
 
 def test_sigkill_mid_write_never_leaves_a_complete_looking_dataset(tmp_path):

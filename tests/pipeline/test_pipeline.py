@@ -281,7 +281,7 @@ def test_build_metadata_statistics_by_hand():
     from seqpack.pipeline import build_metadata
 
     rep = PrepareReport(records_read=4, entries=[SampleRecord("r:3", "r", 3, "dropped", "overlength")])
-    settings = dict(seq_length=12, pad_to_multiple_of=4, context_parallel_size=1, effective_pad_multiple=4,
+    settings = dict(format_version=1, seq_length=12, pad_to_multiple_of=4, context_parallel_size=1, effective_pad_multiple=4,
                     algorithm="first_fit_decreasing", seed=0, overlength="drop", train_on="assistant",
                     on_error="raise", format=None, tokenizer_hash="t", chat_template_hash="c", pad_token_id=0)
     meta = build_metadata(lengths=np.array([5, 3, 7]), trainable_tokens=9,

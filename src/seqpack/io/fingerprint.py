@@ -16,7 +16,16 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["sha256_file", "describe_input", "compute_fingerprint"]
+__all__ = ["FINGERPRINT_SETTINGS", "sha256_file", "describe_input", "compute_fingerprint", "fingerprint_settings",
+           "recompute_fingerprint"]
+
+#: The ``metadata.json`` keys that enter the fingerprint as settings (every one changes the packed output).
+#: The packing job writes exactly these (``PackJob.metadata_settings``); verification reads them back.
+FINGERPRINT_SETTINGS = (
+    "format_version", "seq_length", "pad_to_multiple_of", "context_parallel_size", "effective_pad_multiple",
+    "algorithm", "seed", "overlength", "train_on", "on_error", "format", "tokenizer_hash", "chat_template_hash",
+    "pad_token_id",
+)
 
 _CHUNK = 1 << 20
 
@@ -71,3 +80,30 @@ def compute_fingerprint(inputs: Iterable[Mapping[str, Any]], settings: Mapping[s
     doc = {"inputs": ins, "settings": dict(settings)}
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def fingerprint_settings(settings: Mapping[str, Any], *, fingerprint_extra: Mapping[str, Any] | None = None,
+                         media: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings document of a fingerprint: the :data:`FINGERPRINT_SETTINGS` of ``settings``, the
+    engine's ``fingerprint_extra`` (e.g. its planning mode) and, for image-text data, the image
+    processor settings. The one rule both writing and verifying use.
+
+    Raises:
+        KeyError: ``settings`` lacks one of :data:`FINGERPRINT_SETTINGS`.
+    """
+    out = {k: settings[k] for k in FINGERPRINT_SETTINGS}
+    if fingerprint_extra:
+        out.update(fingerprint_extra)
+    if media:
+        out["image_processor"] = media.get("image_processor")
+    return out
+
+
+def recompute_fingerprint(metadata: Any) -> str:
+    """The fingerprint a ``PackedMetadata`` should carry, from its own stored inputs and settings: a
+    ``metadata.json`` whose settings were edited (``seq_length``, the pad multiple, the CP size, ...)
+    no longer matches its ``fingerprint``."""
+    d = metadata.to_dict()
+    settings = fingerprint_settings(d, fingerprint_extra=(d.get("extra") or {}).get("fingerprint_extra"),
+                                    media=d.get("media"))
+    return compute_fingerprint(d.get("inputs") or [], settings)

@@ -151,7 +151,8 @@ class PackedMetadata:
 
         Raises:
             PackedDatasetError: ``format_version`` missing or newer than this seqpack understands,
-                or a required key (``seq_length``) is missing.
+                a required key (``seq_length``) is missing, or a key fails the schema
+                (:mod:`seqpack.io.schema`: types, ranges, the pad multiple, shard paths inside ``data/``).
         """
         if not isinstance(d, dict):
             raise PackedDatasetError(f"{path}: metadata must be a JSON object, got {type(d).__name__}")
@@ -165,6 +166,9 @@ class PackedMetadata:
             )
         if "seq_length" not in d:
             raise PackedDatasetError(f"{path}: metadata has no 'seq_length'")
+        from seqpack.io.schema import check_metadata
+
+        check_metadata(d, path)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}
         extra = dict(kwargs.pop("extra", {}) or {})
@@ -194,8 +198,8 @@ class PackedMetadata:
             )
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise PackedDatasetError(f"{p}: invalid JSON ({e})") from e
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, huge integers, deep nesting
+            raise PackedDatasetError(f"{p}: not valid JSON ({type(e).__name__}: {str(e)[:200]}); re-pack the data") from None
         return cls.from_dict(d, path=p)
 
 

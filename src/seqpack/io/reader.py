@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.io.fingerprint import sha256_file
+from seqpack.io.fingerprint import recompute_fingerprint, sha256_file
 from seqpack.io.media import image_processor_from_metadata, segment_media
 from seqpack.io.metadata import (
     REPORT_FILE,
@@ -133,6 +134,8 @@ class PackedDataset:
         counts = [s.num_rows for s in metadata.shards]
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self._shards: list[_Shard | None] = [None] * len(metadata.shards)
+        self._rebuild_cache = False  # load_packed(verify=True): rebuild each shard's Arrow cache once
+        self._rebuilt: set[int] = set()
 
     # -- sizes / metadata --------------------------------------------------------------------
     def __len__(self) -> int:
@@ -171,16 +174,18 @@ class PackedDataset:
         if not self.memory_map:
             return pq.read_table(parquet)
         cache = self._cache_path(k)
-        if not cache.is_file():
+        rebuild = self._rebuild_cache and k not in self._rebuilt  # verified Parquet: no cache from before
+        if rebuild or not cache.is_file():
             try:
                 self._convert(parquet, cache)
             except OSError:
-                # read-only dataset directory: fall back to a per-dataset cache under the temp dir
+                # read-only dataset directory: fall back to a per-dataset cache in this user's private temp dir
                 fp = (self.metadata.fingerprint or "nofp")[:16]
-                self.cache_dir = Path(tempfile.gettempdir()) / "seqpack-arrow-cache" / fp
+                self.cache_dir = private_cache_root() / fp
                 cache = self._cache_path(k)
-                if not cache.is_file():
+                if rebuild or not cache.is_file():
                     self._convert(parquet, cache)
+        self._rebuilt.add(k)
         source = pa.memory_map(str(cache), "r")
         return pa.ipc.open_file(source).read_all()
 
@@ -294,6 +299,26 @@ class PackedDataset:
                 f"context_parallel_size={m.context_parallel_size}, pad_multiple={m.effective_pad_multiple})")
 
 
+def private_cache_root() -> Path:
+    """This user's Arrow cache folder in the temp dir (``seqpack-arrow-cache-<uid>``, mode 0700), for
+    datasets in read-only folders.
+
+    Raises:
+        PackedDatasetError: the folder exists but belongs to another user, is a symlink, or others can
+            write to it (another local user could plant cache files that would be served as rows).
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    root = Path(tempfile.gettempdir()) / f"seqpack-arrow-cache-{uid}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != uid) \
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PackedDatasetError(
+            f"the Arrow cache folder {root} is not private to this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it, or pass cache_dir= a folder only you can write")
+    return root
+
+
 def load_packed(
     path: str | os.PathLike,
     expect: Mapping[str, Any] | None = None,
@@ -342,9 +367,16 @@ def load_packed(
     if not p.is_dir():
         raise PackedDatasetError(f"packed dataset {p} does not exist (or is not a directory)")
     meta = PackedMetadata.read(p)
+    if verify:
+        _verify_fingerprint(p, meta)
+    root = p.resolve()
     total = 0
     for s in meta.shards:
         f = p / s.file
+        if not f.resolve().is_relative_to(root):
+            raise PackedDatasetError(
+                f"{p}: shard {s.file} resolves to {f.resolve()}, outside the dataset folder (a symlink?); "
+                "seqpack reads shards only inside the dataset. Re-pack the data")
         if not f.is_file():
             raise PackedDatasetError(f"{p}: shard {s.file} listed in metadata.json is missing; re-pack the data")
         if s.num_bytes and f.stat().st_size != s.num_bytes:
@@ -371,4 +403,18 @@ def load_packed(
         _check_expect(p, meta, expect)
     if load_media and not meta.media:
         raise PackedDatasetError(f"{p}: load_media=True but the dataset holds no images (metadata.json has no media)")
-    return PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media)
+    ds = PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media)
+    ds._rebuild_cache = bool(verify)
+    return ds
+
+
+def _verify_fingerprint(p: Path, meta: PackedMetadata) -> None:
+    """Refuse a ``metadata.json`` whose settings no longer match its fingerprint (they were edited)."""
+    if not meta.fingerprint:
+        raise PackedDatasetError(f"{p}: metadata.json has no fingerprint; cannot verify its settings. Re-pack the data")
+    want = recompute_fingerprint(meta)
+    if want != meta.fingerprint:
+        raise PackedDatasetError(
+            f"{p}: metadata.json's settings do not match its fingerprint (stored {meta.fingerprint[:16]}..., the "
+            f"settings give {want[:16]}...): seq_length, the pad multiple, the CP size or another setting was "
+            "edited after packing, so the rows may not be what the metadata says. Re-pack the data")

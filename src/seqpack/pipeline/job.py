@@ -24,6 +24,7 @@ from seqpack.data.media.images import load_image_processor
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
+from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_output_dir
 from seqpack.padding import check_seq_length, compute_pad_multiple
 
@@ -160,8 +161,8 @@ class PackJob:
         self, *, tokenizer_hash: str | None, chat_template_hash: str | None, pad_token_id: int
     ) -> dict[str, Any]:
         """The ``settings`` dict of ``metadata.json`` (every key enters the fingerprint), with the
-        tokenizer facts found when it was loaded."""
-        return {
+        tokenizer facts found when it was loaded; its keys are :data:`seqpack.io.fingerprint.FINGERPRINT_SETTINGS`."""
+        settings = {
             "format_version": FORMAT_VERSION,
             "seq_length": int(self.seq_length),
             "pad_to_multiple_of": int(self.pad_to_multiple_of),
@@ -177,6 +178,8 @@ class PackJob:
             "chat_template_hash": chat_template_hash,
             "pad_token_id": pad_token_id,
         }
+        assert tuple(settings) == FINGERPRINT_SETTINGS, "metadata_settings and FINGERPRINT_SETTINGS must list the same keys"
+        return settings
 
 
 def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_size: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seqpack.data.media.placeholders import VisionTokens
-from seqpack.io.fingerprint import compute_fingerprint
+from seqpack.io.fingerprint import compute_fingerprint, fingerprint_settings
 from seqpack.io.metadata import PackedMetadata
 from seqpack.pipeline.job import processor_settings
 
@@ -90,11 +90,8 @@ def build_metadata(
     }
     for status, reasons in report.by_reason().items():
         counts[status] = dict(reasons)
-    fp_settings = dict(settings)
-    if fingerprint_extra:
-        fp_settings.update(fingerprint_extra)
+    fp_settings = fingerprint_settings(settings, fingerprint_extra=fingerprint_extra, media=media)
     if media:
-        fp_settings["image_processor"] = media.get("image_processor")
         for key in ("images", "image_tokens", "samples_with_images"):
             if key in media:
                 counts[key] = int(media[key])

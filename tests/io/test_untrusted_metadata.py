@@ -1,0 +1,145 @@
+"""Files from outside are validated, never trusted: metadata.json schema and fingerprint, shard paths
+confined to the dataset folder, the Arrow cache rebuilt under verify=True and kept private to the user."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from seqpack import load_packed, pack_dataset
+from seqpack.io import PackedDatasetError
+from seqpack.io.fingerprint import FINGERPRINT_SETTINGS, recompute_fingerprint
+from seqpack.io.reader import private_cache_root
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds") / "packed"
+    pack_dataset(output=str(out), seq_length=256, pad_to_multiple_of=8, progress=None)
+    return out
+
+
+def _copy(packed, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def _edit(ds, **changes):
+    p = ds / "metadata.json"
+    d = json.loads(p.read_text())
+    for k, v in changes.items():
+        if "." in k:
+            a, i, b = k.split(".")
+            d[a][int(i)][b] = v
+        else:
+            d[k] = v
+    p.write_text(json.dumps(d))
+
+
+def test_the_written_fingerprint_is_recomputable(packed):
+    meta = load_packed(packed, verify=True).metadata
+    assert recompute_fingerprint(meta) == meta.fingerprint
+    assert set(FINGERPRINT_SETTINGS) <= set(meta.to_dict())
+
+
+@pytest.mark.parametrize("key,value", [("seq_length", 512), ("pad_to_multiple_of", 16),
+                                       ("context_parallel_size", 2), ("seed", 7), ("pad_token_id", 5)])
+def test_edited_settings_fail_verify(packed, tmp_path, key, value):
+    ds = _copy(packed, tmp_path)
+    changes = {key: value}
+    if key == "seq_length":
+        changes["capacity"] = value
+    if key in ("pad_to_multiple_of", "context_parallel_size"):  # keep the edit schema-valid
+        from seqpack.padding import compute_pad_multiple
+
+        d = json.loads((ds / "metadata.json").read_text())
+        d[key] = value
+        changes["effective_pad_multiple"] = compute_pad_multiple(d["pad_to_multiple_of"], d["context_parallel_size"])
+    _edit(ds, **changes)
+    load_packed(ds)  # schema-valid: opens without verification
+    with pytest.raises(PackedDatasetError, match="do not match its fingerprint"):
+        load_packed(ds, verify=True)
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("seq_length", "4096", "seq_length"),
+    ("seq_length", 0, "seq_length"),
+    ("seq_length", True, "seq_length"),
+    ("num_packs", -1, "num_packs"),
+    ("effective_pad_multiple", 3, "effective_pad_multiple=3"),
+    ("shards.0.file", "../../etc/passwd.parquet", "shards.0.file"),
+    ("shards.0.file", "/abs/shard.parquet", "shards.0.file"),
+    ("shards.0.sha256", "../../../../tmp/evil", "shards.0.sha256"),
+    ("shards.0.num_rows", "many", "shards.0.num_rows"),
+    ("fingerprint", "../x", "fingerprint"),
+    ("shards", {"file": "x"}, "shards"),
+])
+def test_malformed_metadata_is_one_error_naming_the_key(packed, tmp_path, key, value, named):
+    ds = _copy(packed, tmp_path)
+    _edit(ds, **{key: value})
+    with pytest.raises(PackedDatasetError) as e:
+        load_packed(ds)
+    assert named in str(e.value) and "metadata.json is not valid" in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["{" * 100000, '{"format_version": 1, "seq_length": ' + "9" * 5000 + "}",
+                                  "\udcff"])
+def test_unparseable_metadata_is_a_packed_dataset_error(packed, tmp_path, text):
+    ds = _copy(packed, tmp_path)
+    (ds / "metadata.json").write_text(text, encoding="utf-8", errors="surrogateescape")
+    with pytest.raises(PackedDatasetError, match="not valid JSON"):
+        load_packed(ds)
+
+
+def test_a_shard_symlinked_outside_the_folder_is_refused(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    shard = next((ds / "data").glob("*.parquet"))
+    outside = tmp_path / "outside.parquet"
+    shard.rename(outside)
+    shard.symlink_to(outside)
+    with pytest.raises(PackedDatasetError, match="outside the dataset folder"):
+        load_packed(ds)
+
+
+def test_verify_never_serves_a_cache_built_before_the_check(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    first = load_packed(ds)
+    want = np.asarray(first[0].input_ids).copy()
+    cache = next((ds / ".cache").glob("*.arrow"))
+    # plant a cache with other tokens (a stale or tampered cache of the same name)
+    with pa.OSFile(str(cache), "rb") as f:
+        table = pa.ipc.open_file(f).read_all()
+    ids = table.column("input_ids").combine_chunks()
+    bad = pa.ListArray.from_arrays(ids.offsets, pa.array(np.zeros(len(ids.values), np.int32)))
+    table = table.set_column(table.schema.get_field_index("input_ids"), "input_ids", bad)
+    planted = cache.with_name("planted")
+    with pa.OSFile(str(planted), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    os.replace(planted, cache)  # a new file: the first dataset's memory map keeps the old one
+    assert not np.array_equal(np.asarray(load_packed(ds)[0].input_ids), want)  # without verify: the cache
+    assert np.array_equal(np.asarray(load_packed(ds, verify=True)[0].input_ids), want)
+    assert np.array_equal(np.asarray(load_packed(ds)[0].input_ids), want)  # and the cache is repaired
+
+
+def test_the_temp_cache_is_private_to_the_user(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    root = private_cache_root()
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    root.chmod(0o777)
+    with pytest.raises(PackedDatasetError, match="not private to this user"):
+        private_cache_root()
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PackedDatasetError, match="not private"):
+        private_cache_root()
