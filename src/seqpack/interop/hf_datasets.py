@@ -75,9 +75,15 @@ def _row(pack: Any, index: int, final_target: str) -> dict[str, Any]:
         raise ValueError(f"{where}: position_ids do not restart at 0 on each physical segment start, so the "
                          "positions TRL rebuilds from seq_lengths would differ from the row's")
     shifted = np.asarray(pack.labels)
+    try:
+        unshifted = unshift_labels(shifted, cup, final_target=final_target, sample_ids=sids)
+    except ValueError as exc:
+        raise ValueError(f"to_hf_dataset, {where}: {exc} TRL's collator and HF models read the unshifted "
+                         "'labels' column; 'shift_labels' (read by seqpack's PackedCollator) keeps the target "
+                         "either way.") from None
     return {
         "input_ids": ids.astype(np.int32),
-        "labels": unshift_labels(shifted, cup, final_target=final_target, sample_ids=sids).astype(np.int32),
+        "labels": unshifted.astype(np.int32),
         "shift_labels": shifted.astype(np.int32),
         "position_ids": positions.astype(np.int32),
         "seq_lengths": phys.astype(np.int32),
