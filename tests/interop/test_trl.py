@@ -175,7 +175,7 @@ def test_sft_trainer_reads_seq_lengths_by_name(offline, qwen3_tokenizer, tmp_pat
     args = _args(tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=len(packs),
                  dataset_kwargs={"skip_prepare_dataset": True}, max_steps=1)
     losses = _train(SFTTrainer, model, args=args, train_dataset=train, processing_class=qwen3_tokenizer)
-    assert abs(losses[0] - ref) > 1e-3 * ref
+    assert abs(losses[0] - ref) > 1e-3 * ref, (losses, ref)  # exact runs match to ~1e-7
     widths = np.cumsum([0] + [p.length for p in packs]).tolist()
     assert seen[0]["cu_seq_lens_q"].tolist() == widths  # one sequence per row
 
@@ -190,8 +190,6 @@ def test_sft_trainer_with_packed_collator_on_offline_packs(offline, qwen3_tokeni
     packs, vocab_size = offline
     train = to_hf_dataset(packs)
     model = _model(vocab_size)
-    ref, _ = _reference(copy.deepcopy(model), _segments(packs))
-    # after the `masks` merge: PackedCollator(format="hf", config=model.config)
     coll = PackedCollator(format="hf", attn_implementation=model.config._attn_implementation)
     args = _args(tmp_path, per_device_train_batch_size=2, remove_unused_columns=False,
                  dataset_kwargs={"skip_prepare_dataset": True})
