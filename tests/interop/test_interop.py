@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -292,6 +293,10 @@ def test_hf_dataset_columns_and_errors():
         from_hf_dataset(ds.map(lambda r: {"seq_lengths": [8]}))
     with pytest.raises(ValueError, match="final_target"):
         to_hf_dataset([pack], final_target="keep")
+    with pytest.raises(ValueError, match="media"):  # pixels have no column: never dropped silently
+        to_hf_dataset([dataclasses.replace(pack, media=[{"image_grid_thw": np.ones((1, 3))}, None])])
+    with pytest.raises(ValueError, match="do not restart"):  # TRL would rebuild other positions
+        to_hf_dataset([dataclasses.replace(pack, position_ids=np.arange(pack.length))])
 
 
 # ------------------------------------------------------------------------------ real packed data
