@@ -24,11 +24,11 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-from seqpack.collate import InBatchPackingCollator, PackedCollator  # noqa: E402
-from seqpack.interop import from_hf_dataset, to_hf_dataset  # noqa: E402
-from seqpack.interop.hf_datasets import TRL_COLUMNS  # noqa: E402
-from seqpack.packed import concat_boundaries  # noqa: E402
-from seqpack.pipeline import sample_data_path  # noqa: E402
+from seqpack.collate import InBatchPackingCollator, PackedCollator
+from seqpack.interop import from_hf_dataset, to_hf_dataset
+from seqpack.interop.hf_datasets import TRL_COLUMNS
+from seqpack.packed import concat_boundaries
+from seqpack.pipeline import sample_data_path
 
 IGN = -100
 
@@ -105,8 +105,8 @@ def offline(tmp_path_factory, qwen3_tokenizer):
 def _args(tmp_path, **kw):
     from trl import SFTConfig
 
-    base = dict(max_steps=2, logging_steps=1, report_to=[], save_strategy="no", bf16=False, use_cpu=True,
-                learning_rate=1e-3, seed=0, train_sampling_strategy="sequential")
+    base = {"max_steps": 2, "logging_steps": 1, "report_to": [], "save_strategy": "no", "bf16": False,
+            "use_cpu": True, "learning_rate": 1e-3, "seed": 0, "train_sampling_strategy": "sequential"}
     return SFTConfig(str(tmp_path / "out"), **{**base, **kw})
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from seqpack.packed import PackedSequence, real_boundaries, segment_fields
 from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
-__all__ = ["HF_COLUMNS", "TRL_COLUMNS", "to_hf_dataset", "from_hf_dataset"]
+__all__ = ["HF_COLUMNS", "TRL_COLUMNS", "from_hf_dataset", "to_hf_dataset"]
 
 HF_COLUMNS = ("input_ids", "labels", "shift_labels", "position_ids", "seq_lengths", "cu_seqlens",
               "cu_seqlens_padded", "sample_ids")
