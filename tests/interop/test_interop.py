@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -250,33 +251,52 @@ def test_torchtune_native_trailing_padding_entry():
 
 
 @settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(packs(max_segments=3), min_size=1, max_size=4), st.sampled_from(["shifted", "unshifted"]))
-def test_hf_dataset_roundtrip_property(pms, conv):
+@given(st.lists(packs(max_segments=3), min_size=1, max_size=4))
+def test_hf_dataset_roundtrip_property(pms):
     pks = [p for p, _, _ in pms]
-    if conv == "unshifted" and any(_unrepresentable_final_target(p) for p in pks):
-        with pytest.raises(ValueError):
-            to_hf_dataset(pks, label_convention=conv)
-        return
-    ds = to_hf_dataset(pks, label_convention=conv, batch_rows=2)
+    lost = any(_unrepresentable_final_target(p) for p in pks)
+    if lost:
+        with pytest.raises(ValueError, match="last physical slot"):
+            to_hf_dataset(pks)
+    ds = to_hf_dataset(pks, final_target="drop", batch_rows=2)
     assert len(ds) == len(pks)
-    if conv == "unshifted":
-        np.testing.assert_array_equal(ds[0]["labels"], pks[0].hf_unshifted_labels())
-    back = from_hf_dataset(ds, label_convention=conv)
-    for a, b in zip(back, pks):
+    for row, p in zip(ds, pks):
+        np.testing.assert_array_equal(row["labels"], p.hf_unshifted_labels())
+        np.testing.assert_array_equal(row["shift_labels"], p.labels)
+        np.testing.assert_array_equal(row["seq_lengths"], np.diff(p.cu_seqlens_padded))
+    for a, b in zip(from_hf_dataset(ds), pks):  # shift_labels: exact, final targets included
         assert_same_pack(a, b)
+    if not lost:  # an HF dataset with unshifted labels only
+        for a, b in zip(from_hf_dataset(ds.remove_columns(["shift_labels"])), pks):
+            assert_same_pack(a, b)
 
 
 def test_hf_dataset_columns_and_errors():
     s = make_sample("h:0", [1, 2, 3, 4], [False, True, True, True])
     pack = build_packed_sequence([s, make_sample("h:1", [5, 6], [False, True])], pad_to_multiple_of=4, pad_token_id=PAD)
     ds = to_hf_dataset([pack])
-    assert ds.column_names == ["input_ids", "labels", "position_ids", "cu_seqlens", "cu_seqlens_padded", "seq_lens", "sample_ids"]
-    assert ds[0]["cu_seqlens_padded"] == [0, 4, 8] and ds[0]["seq_lens"] == [4, 2]
-    assert "labels: shifted" in ds.info.description
-    with pytest.raises(ValueError, match="label_convention"):
-        to_hf_dataset([pack], label_convention="hf")
+    assert ds.column_names == ["input_ids", "labels", "shift_labels", "position_ids", "seq_lengths", "cu_seqlens",
+                               "cu_seqlens_padded", "sample_ids"]
+    r = ds[0]
+    assert r["cu_seqlens"] == [0, 4, 6] and r["cu_seqlens_padded"] == [0, 4, 8] and r["seq_lengths"] == [4, 4]
+    assert r["position_ids"] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert r["shift_labels"] == [2, 3, 4, -100, 6, -100, -100, -100]
+    assert r["labels"] == [-100, 2, 3, 4, -100, 6, -100, -100]
     with pytest.raises(KeyError, match="cu_seqlens_padded"):
         from_hf_dataset(ds.remove_columns(["cu_seqlens_padded"]))
+    with pytest.raises(KeyError, match="labels or shift_labels"):
+        from_hf_dataset(ds.remove_columns(["labels", "shift_labels"]))
+    edited = ds.map(lambda r: {"labels": [-100] * len(r["labels"])})
+    with pytest.raises(ValueError, match="labels is not shift_labels unshifted"):
+        from_hf_dataset(edited)
+    with pytest.raises(ValueError, match="seq_lengths"):
+        from_hf_dataset(ds.map(lambda r: {"seq_lengths": [8]}))
+    with pytest.raises(ValueError, match="final_target"):
+        to_hf_dataset([pack], final_target="keep")
+    with pytest.raises(ValueError, match="media"):  # pixels have no column: never dropped silently
+        to_hf_dataset([dataclasses.replace(pack, media=[{"image_grid_thw": np.ones((1, 3))}, None])])
+    with pytest.raises(ValueError, match="do not restart"):  # TRL would rebuild other positions
+        to_hf_dataset([dataclasses.replace(pack, position_ids=np.arange(pack.length))])
 
 
 # ------------------------------------------------------------------------------ real packed data
@@ -303,6 +323,6 @@ def test_real_packed_dataset_roundtrips_all_formats(shared_data, tmp_path):
         np.testing.assert_array_equal(q.input_ids, p.input_ids)
         if not _unrepresentable_final_target(p):
             assert_same_pack(q, p)
-    hf = from_hf_dataset(to_hf_dataset(pks))
+    hf = from_hf_dataset(to_hf_dataset(pks, final_target="drop"))
     for a, b in zip(hf, pks):
         assert_same_pack(a, b)

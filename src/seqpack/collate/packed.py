@@ -34,8 +34,9 @@ class PackedCollator:
         attn_implementation: required for ``format="hf"``.
         mask_dtype: dtype of the eager additive mask.
 
-    Features: ``PackedSequence`` objects or mappings with ``input_ids``, ``labels``, ``cu_seqlens``,
-    ``cu_seqlens_padded`` (optionally ``num_segments``, ``sample_ids``).
+    Features: ``PackedSequence`` objects or mappings with ``input_ids``, ``labels`` (shifted; a
+    ``shift_labels`` key, as in ``seqpack.interop.to_hf_dataset`` rows, is read instead when present),
+    ``cu_seqlens``, ``cu_seqlens_padded`` (optionally ``num_segments``, ``sample_ids``).
 
     Raises:
         KeyError: a feature lacks boundary arrays.
@@ -72,7 +73,9 @@ def _feature_row(f: Any, i: int) -> PackedSequence:
     cu = feature_value(f, "cu_seqlens")
     cup = feature_value(f, "cu_seqlens_padded")
     if cu is None or cup is None:
-        raise KeyError(f"pack {i} has no cu_seqlens/cu_seqlens_padded; PackedCollator needs the boundaries")
+        raise KeyError(f"pack {i} has no cu_seqlens/cu_seqlens_padded; PackedCollator needs the boundaries "
+                       "(transformers.Trainer / TRL's SFTTrainer drop the dataset columns the model's forward does "
+                       "not take: pass remove_unused_columns=False)")
     # static-shape boundary arrays (B19): trim by the carried N, else let the padded array decide
     cup = trim_cu_seqlens(as_int64(cup), feature_value(f, "num_segments", None) or None)
     cu = trim_cu_seqlens(as_int64(cu), cup.shape[0] - 1)
@@ -84,8 +87,10 @@ def _feature_row(f: Any, i: int) -> PackedSequence:
     table = _table(feature_value(f, "mrope_position_ids", None), ids.shape[0], i)
     if table is None and isinstance(feature_value(f, "extra", None), Mapping):
         table = _table(f.extra.get("mrope_position_ids"), ids.shape[0], i)
+    # shift_labels (HF's name for per-position targets) wins over labels: an HF-datasets row carries both
+    lab = feature_value(f, "shift_labels", None)
     return PackedSequence.from_boundaries(
-        ids, as_int64(feature_value(f, "labels")), cu, cup,
+        ids, as_int64(feature_value(f, "labels") if lab is None else lab), cu, cup,
         list(sids) if sids is not None else [f"{i}:{j}" for j in range(n)],
         media=feature_value(f, "media", None), num_segments=n,
         tail_segment=bool(n > 1 and cu[-1] == cu[-2]),

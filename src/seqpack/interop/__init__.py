@@ -5,7 +5,8 @@
   stored length - 1 (case B12).
 * :mod:`seqpack.interop.torchtune` -- torchtune packed samples (``tokens``, unshifted ``labels``,
   ``input_pos``, ``seq_lens``).
-* :mod:`seqpack.interop.hf_datasets` -- a Hugging Face ``datasets.Dataset`` with one row per pack.
+* :mod:`seqpack.interop.hf_datasets` -- a Hugging Face ``datasets.Dataset`` with one row per pack, in the
+  columns HF ``Trainer`` and TRL read (unshifted ``labels``, ``shift_labels``, physical ``seq_lengths``).
 
 Every exporter has an importer, and export -> import gives back the same packs token by token.
 Nothing here imports torch or megatron at module import time.
