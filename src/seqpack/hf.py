@@ -167,8 +167,9 @@ def _as_mapping(batch: Any) -> Mapping[str, Any]:
 
 def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
     """Refuse an image row the model cannot run exactly: video inputs (the tables cover images only), a
-    model whose positions are not seqpack's M-RoPE tables (``mrope_model_config``), pixels of another patch
-    size than the vision tower's, or no ``pixel_values`` at all (placeholders embedded as text)."""
+    model whose positions are not seqpack's M-RoPE tables (``mrope_model_config``), flash attention (its
+    varlen kwargs collide with the vision tower's), no ``pixel_values`` (placeholders embedded as text), or
+    pixels of another patch size than the vision tower's."""
     video = [k for k in ("pixel_values_videos", "video_grid_thw") if batch.get(k) is not None or kwargs.get(k) is not None]
     if video:
         raise ValueError(
@@ -193,6 +194,13 @@ def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Ma
         mrope_model_config(cfg)
     except ValueError as e:
         raise ValueError(f"packed_forward got an image row ({reason}) for this model: {e}") from None
+    impl = str(getattr(cfg, "_attn_implementation", None) or "")
+    if impl.startswith("flash"):
+        raise ValueError(
+            f"packed_forward got an image row ({reason}) for attn_implementation={impl!r}: transformers hands the "
+            "decoder's varlen arguments (cu_seq_lens_q/k) to the vision tower as well, whose flash attention "
+            "passes its own per-image cu_seqlens (TypeError: multiple values for 'cu_seq_lens_q'). Load the "
+            "model with attn_implementation='sdpa' or 'eager' for image rows")
     if pixels is None and kwargs.get("inputs_embeds") is None:
         raise ValueError(
             f"packed_forward got an image row without pixel_values ({reason}); running it would embed the "

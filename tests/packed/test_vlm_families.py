@@ -266,7 +266,7 @@ def test_image_rows_on_other_models_are_refused_by_name(image_batch):
         assert torch.isfinite(packed_forward(text, plain).loss)
 
 
-def test_video_and_wrong_patch_size_are_refused(image_batch):
+def test_video_flash_and_wrong_patch_size_are_refused(image_batch):
     model = _model("qwen3_vl")
     with pytest.raises(ValueError, match=r"video inputs \(pixel_values_videos, video_grid_thw\).*images only"):
         packed_forward(model, image_batch, pixel_values_videos=torch.zeros(8, 1536),
@@ -274,6 +274,11 @@ def test_video_and_wrong_patch_size_are_refused(image_batch):
     # pixels made with Qwen2-VL's patch 14 for a Qwen3-VL tower (patch 16)
     with pytest.raises(ValueError, match=r"1176 values per patch.*takes 1536.*patch_size 16"):
         packed_forward(model, image_batch)
+    # flash-attn: the decoder's cu_seq_lens_q would reach the vision tower's own varlen call
+    flash = _model("qwen2_vl")
+    flash.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"attn_implementation='flash_attention_2'.*cu_seq_lens_q.*'sdpa'"):
+        packed_forward(flash, image_batch)
 
 
 def test_sliding_window_layers_of_the_text_decoder(records, qwen3_tokenizer):
