@@ -7,7 +7,7 @@ with PNG images made by PIL, tokenised with the real Qwen3 tokenizer and expande
 for offline rows) with each family's patch size (14 for Qwen2/2.5-VL, 16 for Qwen3-VL). Models: tiny
 random-init configs (2 text layers, hidden 32, a 2-block vision tower; Qwen2.5-VL with window attention
 and one full-attention block, Qwen3-VL with a deepstack layer; the real vocabulary size, since the ids
-are the tokenizer's), fp32, train mode, sdpa as loaded. The reference is ``model(input_ids, pixel_values,
+are the tokenizer's), fp32, train mode, sdpa as loaded (eager for two of them). The reference is ``model(input_ids, pixel_values,
 image_grid_thw, mm_token_type_ids)`` on one sample, so the M-RoPE positions are transformers' own
 ``get_rope_index``; the vision tower splits its attention per image (``cu_seqlens`` from ``image_grid_thw``)
 in both runs, the text decoder of the packed run gets seqpack's block-diagonal mask.
@@ -71,11 +71,13 @@ def _config(name, **text_kw):
     raise KeyError(name)
 
 
-def _model(name, **text_kw):
+def _model(name, attn_implementation=None, **text_kw):
+    """The tiny model, train mode, attention as transformers loads it unless ``attn_implementation`` is given."""
     cfg = _config(name, **text_kw)
     cls = getattr(transformers, type(cfg).__name__.replace("Config", "ForConditionalGeneration"))
     torch.manual_seed(0)
-    return cls._from_config(cfg, attn_implementation="sdpa").train()
+    kw = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    return cls._from_config(cfg, **kw).train()
 
 
 def _processor_settings(name):
@@ -143,6 +145,7 @@ def family(request, records, qwen3_tokenizer):
     grids = [s.media["image_grid_thw"].tolist() for s in samples[:2]]
     assert len({tuple(g) for gs in grids for g in gs}) == 3  # three different image sizes
     model = _model(name)
+    assert model.config._attn_implementation == "sdpa"  # the default as loaded
     return name, model, samples, _reference(model, samples)
 
 
@@ -192,6 +195,14 @@ def test_in_batch_rows_equal_one_by_one(family):
     sid = batch["sample_ids"][0]
     n = ref[0][sid].shape[0]
     assert (text[0, :n] - ref[0][sid]).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_eager_attention_rows_equal_one_by_one(name, records, qwen3_tokenizer):
+    proc = load_image_processor(_processor_settings(name))
+    samples, _ = prepare_multimodal(str(records), qwen3_tokenizer, seq_length=512, image_processor=proc)
+    model = _model(name, "eager")
+    _check(model, InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8)(samples), _reference(model, samples))
 
 
 def _hf_collator(model):
