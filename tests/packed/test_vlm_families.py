@@ -1,16 +1,18 @@
-"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE on seqpack's image path: packed rows train exactly like
-each sample run alone through the model's own forward, or are refused by name.
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE on seqpack's image path: packed
+rows train exactly like each sample run alone through the model's own forward, or are refused by name.
 
 Data: three records (one image; two images of other sizes; text only) written as ShareGPT-style JSON
 with PNG images made by PIL, tokenised with the real Qwen3 tokenizer and expanded by seqpack
 (``prepare_multimodal`` for in-batch / streaming rows, ``pack_dataset`` -> ``load_packed(load_media=True)``
-for offline rows) with each family's patch size (14 for Qwen2/2.5-VL, 16 for Qwen3-VL). Models: tiny
-random-init configs (2 text layers, hidden 32, a 2-block vision tower; Qwen2.5-VL with window attention
-and one full-attention block, Qwen3-VL with a deepstack layer; the real vocabulary size, since the ids
-are the tokenizer's), fp32, train mode, sdpa as loaded (eager for two of them). The reference is ``model(input_ids, pixel_values,
+for offline rows) with each family's patch size (14 for Qwen2/2.5-VL, 16 for Qwen3-VL / Qwen3.5).
+
+Models: tiny random-init configs (2 text layers, hidden 32, a 2-block vision tower; Qwen2.5-VL with
+window attention and one full-attention block, Qwen3-VL with a deepstack layer, Qwen3.5 with
+full-attention layers only; the real vocabulary size, since the ids are the tokenizer's), fp32, train
+mode, sdpa as loaded (eager for two of them). The reference is ``model(input_ids, pixel_values,
 image_grid_thw, mm_token_type_ids)`` on one sample, so the M-RoPE positions are transformers' own
-``get_rope_index``; the vision tower splits its attention per image (``cu_seqlens`` from ``image_grid_thw``)
-in both runs, the text decoder of the packed run gets seqpack's block-diagonal mask.
+``get_rope_index``; the vision tower splits its attention per image (``cu_seqlens`` from
+``image_grid_thw``) in both runs, the text decoder of the packed run gets seqpack's block-diagonal mask.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-5
 VOCAB = 151680  # > the Qwen3 tokenizer's largest id (151668)
 IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 SIZES = [(56, 84), (112, 56), (84, 140)]  # (width, height) of the three images
 
 
@@ -68,6 +70,16 @@ def _config(name, **text_kw):
         return T.Qwen3VLMoeConfig(text_config=_text([4, 2, 2], head_dim=16, moe_intermediate_size=16, num_experts=4,
                                                     num_experts_per_tok=2, decoder_sparse_step=1, **text_kw),
                                   vision_config=_vision3(), **IDS)
+    full = ["full_attention"] * 2  # Qwen3.5's default linear-attention layers carry state: refused elsewhere
+    vision35 = {k: v for k, v in _vision3().items() if k != "deepstack_visual_indexes"}
+    if name == "qwen3_5":
+        return T.Qwen3_5Config(text_config=_text([4, 2, 2], head_dim=16, layer_types=full, **text_kw),
+                               vision_config=vision35, **IDS)
+    if name == "qwen3_5_moe":
+        return T.Qwen3_5MoeConfig(text_config=_text([4, 2, 2], head_dim=16, layer_types=full, moe_intermediate_size=16,
+                                                    shared_expert_intermediate_size=16, num_experts=4,
+                                                    num_experts_per_tok=2, **text_kw),
+                                  vision_config=vision35, **IDS)
     raise KeyError(name)
 
 
@@ -81,7 +93,7 @@ def _model(name, attn_implementation=None, **text_kw):
 
 
 def _processor_settings(name):
-    ps = 16 if name.startswith("qwen3") else 14
+    ps = 16 if name.startswith("qwen3") else 14  # Qwen3-VL and Qwen3.5 checkpoints: patch 16
     unit = (2 * ps) ** 2  # one merged token
     return {"patch_size": ps, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 4 * unit,
             "max_pixels": 24 * unit}
@@ -263,7 +275,7 @@ def test_image_rows_on_other_models_are_refused_by_name(image_batch):
     text = T.AutoModelForCausalLM.from_config(T.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                             num_hidden_layers=1, num_attention_heads=4,
                                                             num_key_value_heads=2, head_dim=8))
-    with pytest.raises(ValueError, match=r"model_type 'qwen3' has no vision tower.*qwen2_vl, qwen2_5_vl, qwen3_vl"):
+    with pytest.raises(ValueError, match=r"model_type 'qwen3' has no vision tower.*qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5"):
         packed_forward(text, image_batch)
     glm = T.Glm4vForConditionalGeneration(T.Glm4vConfig(
         text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -1,7 +1,7 @@
 """Qwen2-VL multi-axis RoPE (M-RoPE) positions of samples and packed rows (numpy).
 
-The table follows transformers' ``get_rope_index`` for images, which Qwen2-VL, Qwen2.5-VL, Qwen3-VL and
-Qwen3-VL-MoE share (:data:`MROPE_MODEL_TYPES`); how a model then rotates by it (Qwen2-VL's sectioned
+The table follows transformers' ``get_rope_index`` for images, which Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE share (:data:`MROPE_MODEL_TYPES`); how a model then rotates by it (Qwen2-VL's sectioned
 ``mrope_section``, Qwen3-VL's interleaved one) happens inside the model and needs nothing here.
 :func:`mrope_model_config` is the one check that a model takes these tables; any other model is refused
 by name for image rows.
@@ -31,10 +31,11 @@ __all__ = [
 
 #: transformers ``model_type`` s whose image rows take the tables of this module: their ``get_rope_index``
 #: gives an image's tokens ``(start + t, start + h, start + w)`` over the merged grid and moves the text after
-#: it to ``start + max(h, w) // merge`` (``transformers/models/{qwen2_vl,qwen2_5_vl,qwen3_vl}/modeling_*.py``,
+#: it to ``start + max(h, w) // merge`` (``transformers/models/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_5}/modeling_*.py``,
 #: images only: their video positions differ from each other). Each is checked against its own forward in
-#: ``tests/packed/test_vlm_families.py``.
-MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+#: ``tests/packed/test_vlm_families.py``. (Qwen3.5's linear-attention layers are a separate matter: they
+#: carry state along the row, which the packing-support check refuses.)
+MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 def mrope_model_config(config: Any) -> tuple[int, int]:
