@@ -170,7 +170,8 @@ def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Ma
     model whose positions are not seqpack's M-RoPE tables (``mrope_model_config``), flash attention (its
     varlen kwargs collide with the vision tower's), no ``pixel_values`` (placeholders embedded as text), or
     pixels of another patch size than the vision tower's."""
-    video = [k for k in ("pixel_values_videos", "video_grid_thw") if batch.get(k) is not None or kwargs.get(k) is not None]
+    video = [k for k in ("pixel_values_videos", "video_grid_thw")
+             if batch.get(k) is not None or kwargs.get(k) is not None]
     if video:
         raise ValueError(
             f"packed_forward got video inputs ({', '.join(video)}): seqpack's M-RoPE tables cover images only "

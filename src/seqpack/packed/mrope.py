@@ -1,10 +1,10 @@
 """Qwen2-VL multi-axis RoPE (M-RoPE) positions of samples and packed rows (numpy).
 
 The table follows transformers' ``get_rope_index`` for images, which Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE share (:data:`MROPE_MODEL_TYPES`); how a model then rotates by it (Qwen2-VL's sectioned
-``mrope_section``, Qwen3-VL's interleaved one) happens inside the model and needs nothing here.
-:func:`mrope_model_config` is the one check that a model takes these tables; any other model is refused
-by name for image rows.
+Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE share (:data:`MROPE_MODEL_TYPES`); how a model then rotates by it
+(Qwen2-VL's sectioned ``mrope_section``, Qwen3-VL's interleaved one) happens inside the model and needs
+nothing here. :func:`mrope_model_config` is the one check that a model takes these tables; any other
+model is refused by name for image rows.
 
 A sample's table is int64 ``[3, L]`` (temporal, height, width); a packed row's is int64 ``[3, T]``,
 restarting per segment, its padding counting on like ``position_ids`` (``packed-batch-spec.md``).
