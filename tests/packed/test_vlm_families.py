@@ -289,6 +289,21 @@ def test_image_rows_on_other_models_are_refused_by_name(image_batch):
         assert torch.isfinite(packed_forward(text, plain).loss)
 
 
+def test_trainer_format_refuses_image_rows_for_other_models(records, qwen3_tokenizer):
+    """``format="hf"`` with ``config=`` (the Trainer path, no packed_forward): the collator refuses image rows
+    for a model that does not take seqpack's M-RoPE tables."""
+    if "config" not in inspect.signature(InBatchPackingCollator).parameters:
+        pytest.skip("the collators take config= once the masks follow the model's attention pattern")
+    proc = load_image_processor(_processor_settings("qwen2_vl"))
+    samples, _ = prepare_multimodal(str(records), qwen3_tokenizer, seq_length=512, image_processor=proc)
+    cfg = transformers.Glm4vConfig()
+    cfg._attn_implementation = "sdpa"
+    collate = InBatchPackingCollator(pad_token_id=0, format="hf", config=cfg)
+    with pytest.raises(ValueError, match=r"model_type 'glm4v' computes its own image positions"):
+        collate(samples)
+    assert collate(samples[2:])["position_ids"].shape[0] == 1  # a text row is fine
+
+
 def test_video_flash_and_wrong_patch_size_are_refused(image_batch):
     model = _model("qwen3_vl")
     with pytest.raises(ValueError, match=r"video inputs \(pixel_values_videos, video_grid_thw\).*images only"):
