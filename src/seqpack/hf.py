@@ -269,7 +269,10 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
     Raises:
         PackedAttentionError: the batch has a 2-D ``attention_mask``.
         KeyError: the batch lacks boundary arrays.
-        ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
+        ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``), or
+            one this model cannot run exactly: a model type outside
+            ``seqpack.packed.mrope.MROPE_MODEL_TYPES``, video inputs, flash attention, pixels of another
+            patch size than the vision tower's (each named in the message).
     """
     batch = _as_mapping(batch)
     mask = batch.get("attention_mask")
