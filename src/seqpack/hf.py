@@ -40,6 +40,7 @@ from seqpack.collate import PackedCollator
 from seqpack.loss import packed_cross_entropy
 from seqpack.moe import load_balancing_loss
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS
+from seqpack.packed.mrope import mrope_model_config
 
 __all__ = ["PackedAttentionError", "packed_forward", "check_hf_inputs", "install_packing_guard", "hf_inputs"]
 
@@ -147,12 +148,13 @@ def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
 
 
 def _image_config(model) -> tuple[int | None, int | None]:
-    """``(image_token_id, spatial_merge_size)`` of a VLM config (Qwen2-VL naming), else ``(None, None)``."""
-    cfg = model.config
-    tok = getattr(cfg, "image_token_id", None)
-    vc = getattr(cfg, "vision_config", None)
-    merge = getattr(vc, "spatial_merge_size", None) if vc is not None else None
-    return tok, merge
+    """``(image_token_id, spatial_merge_size)`` of a model that takes seqpack's M-RoPE tables
+    (``seqpack.packed.mrope.mrope_model_config``), else ``(None, None)`` (text models; other VLMs, whose
+    image rows :func:`_refuse_image_row_without_pixels` refuses)."""
+    try:
+        return mrope_model_config(model.config)
+    except ValueError:
+        return None, None
 
 
 def _as_mapping(batch: Any) -> Mapping[str, Any]:
@@ -164,23 +166,57 @@ def _as_mapping(batch: Any) -> Mapping[str, Any]:
 
 
 def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
-    if batch.get("pixel_values") is not None or kwargs.get("pixel_values") is not None \
-            or kwargs.get("inputs_embeds") is not None:
-        return
-    tok, _ = _image_config(model)
+    """Refuse an image row the model cannot run exactly: video inputs (the tables cover images only), a
+    model whose positions are not seqpack's M-RoPE tables (``mrope_model_config``), flash attention (its
+    varlen kwargs collide with the vision tower's), no ``pixel_values`` (placeholders embedded as text), or
+    pixels of another patch size than the vision tower's."""
+    video = [k for k in ("pixel_values_videos", "video_grid_thw")
+             if batch.get(k) is not None or kwargs.get(k) is not None]
+    if video:
+        raise ValueError(
+            f"packed_forward got video inputs ({', '.join(video)}): seqpack's M-RoPE tables cover images only "
+            "(Qwen2.5-VL spaces video frames by second_per_grid_ts * tokens_per_second, Qwen3-VL by timestamp "
+            "tokens), so video tokens would get text positions. Train video samples unpacked")
+    cfg = model.config
+    tok = getattr(cfg, "image_token_id", None)
+    pixels = batch.get("pixel_values") if batch.get("pixel_values") is not None else kwargs.get("pixel_values")
     reason = None
-    if batch.get("image_grid_thw") is not None:
+    if pixels is not None:
+        reason = "it carries pixel_values"
+    elif batch.get("image_grid_thw") is not None:
         reason = "it carries image_grid_thw"
     elif batch.get("mrope_position_ids") is not None:
         reason = "it carries M-RoPE positions (mrope_position_ids) of image segments"
     elif tok is not None and bool((torch.as_tensor(batch["input_ids"]) == int(tok)).any()):
         reason = f"its input_ids contain the image token {int(tok)}"
-    if reason:
+    if reason is None:
+        return
+    try:
+        mrope_model_config(cfg)
+    except ValueError as e:
+        raise ValueError(f"packed_forward got an image row ({reason}) for this model: {e}") from None
+    impl = str(getattr(cfg, "_attn_implementation", None) or "")
+    if impl.startswith("flash"):
+        raise ValueError(
+            f"packed_forward got an image row ({reason}) for attn_implementation={impl!r}: transformers hands the "
+            "decoder's varlen arguments (cu_seq_lens_q/k) to the vision tower as well, whose flash attention "
+            "passes its own per-image cu_seqlens (TypeError: multiple values for 'cu_seq_lens_q'). Load the "
+            "model with attn_implementation='sdpa' or 'eager' for image rows")
+    if pixels is None and kwargs.get("inputs_embeds") is None:
         raise ValueError(
             f"packed_forward got an image row without pixel_values ({reason}); running it would embed the "
             "<|image_pad|> placeholders as text. Offline packs store image paths, not pixels: open the data with "
             "seqpack.io.load_packed(path, load_media=True) (or give the samples media['pixel_values']) and "
             "collate with seqpack.collate.PackedCollator / InBatchPackingCollator.")
+    vc = cfg.vision_config
+    want = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
+    if pixels is not None and int(pixels.shape[-1]) != want:
+        raise ValueError(
+            f"pixel_values have {int(pixels.shape[-1])} values per patch but the vision tower of model_type "
+            f"{cfg.model_type!r} takes {want} (in_channels {vc.in_channels} x temporal_patch_size "
+            f"{vc.temporal_patch_size} x patch_size {vc.patch_size}^2): build the image processor with the "
+            "model's own preprocessor_config.json (seqpack.data.media.load_image_processor(path); Qwen3-VL "
+            "uses patch_size 16, Qwen2-VL / Qwen2.5-VL 14)")
 
 
 def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,7 +269,10 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
     Raises:
         PackedAttentionError: the batch has a 2-D ``attention_mask``.
         KeyError: the batch lacks boundary arrays.
-        ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
+        ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``), or
+            one this model cannot run exactly: a model type outside
+            ``seqpack.packed.mrope.MROPE_MODEL_TYPES``, video inputs, flash attention, pixels of another
+            patch size than the vision tower's (each named in the message).
     """
     batch = _as_mapping(batch)
     mask = batch.get("attention_mask")

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS, attention_inputs
-from seqpack.packed.mrope import mrope_from_image_tokens
+from seqpack.packed.mrope import mrope_from_image_tokens, mrope_model_config
 from seqpack.sample import unshift_labels
 
 from .batch import as_batch
@@ -83,11 +83,18 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str, *, mask_dty
     return out
 
 
-def _batch_mrope(batch: Mapping[str, Any], b: Mapping[str, Any], image_token_id, merge):
-    """M-RoPE table int64 ``[3, T]`` of a one-row batch, or None for a text row."""
+def _batch_mrope(batch: Mapping[str, Any], b: Mapping[str, Any], image_token_id, merge, config: Any = None):
+    """M-RoPE table int64 ``[3, T]`` of a one-row batch, or None for a text row. With the model's ``config``,
+    an image row for a model that does not take these tables is refused
+    (:func:`seqpack.packed.mrope.mrope_model_config`, which also supplies the image token id and merge size)."""
     import torch
 
     m = batch.get("mrope_position_ids")
+    grid = batch.get("image_grid_thw")
+    if config is not None and (m is not None or (grid is not None and len(grid))):
+        tok, mrg = mrope_model_config(config)  # raises for a model whose positions are not these tables
+        image_token_id = tok if image_token_id is None else image_token_id
+        merge = mrg if not merge else merge
     T = int(b["input_ids"].shape[-1])
     if m is not None:
         m = torch.as_tensor(m).to(torch.int64)
@@ -96,7 +103,6 @@ def _batch_mrope(batch: Mapping[str, Any], b: Mapping[str, Any], image_token_id,
         if m.shape != (3, T):
             raise ValueError(f"mrope_position_ids has shape {tuple(m.shape)}, expected (3, {T}) (one THD row)")
         return m
-    grid = batch.get("image_grid_thw")
     if grid is None or len(grid) == 0:
         return None
     if image_token_id is None or not merge:

@@ -1,5 +1,11 @@
 """Qwen2-VL multi-axis RoPE (M-RoPE) positions of samples and packed rows (numpy).
 
+The table follows transformers' ``get_rope_index`` for images, which Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE share (:data:`MROPE_MODEL_TYPES`); how a model then rotates by it
+(Qwen2-VL's sectioned ``mrope_section``, Qwen3-VL's interleaved one) happens inside the model and needs
+nothing here. :func:`mrope_model_config` is the one check that a model takes these tables; any other
+model is refused by name for image rows.
+
 A sample's table is int64 ``[3, L]`` (temporal, height, width); a packed row's is int64 ``[3, T]``,
 restarting per segment, its padding counting on like ``position_ids`` (``packed-batch-spec.md``).
 The row builder (:mod:`seqpack.packed.build`, :meth:`PackedSequence.from_boundaries`) attaches it as
@@ -13,12 +19,55 @@ from typing import Any, Sequence
 import numpy as np
 
 __all__ = [
+    "MROPE_MODEL_TYPES",
+    "mrope_model_config",
     "mrope_position_ids",
     "packed_mrope_position_ids",
     "with_segment_mrope",
     "mrope_from_image_tokens",
     "concat_mrope_tables",
 ]
+
+
+#: transformers ``model_type`` s whose image rows take the tables of this module: their ``get_rope_index``
+#: gives an image's tokens ``(start + t, start + h, start + w)`` over the merged grid and moves the text after
+#: it to ``start + max(h, w) // merge`` (``transformers/models/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_5}/modeling_*.py``,
+#: images only: their video positions differ from each other). Each is checked against its own forward in
+#: ``tests/packed/test_vlm_families.py``. (Qwen3.5's linear-attention layers are a separate matter: they
+#: carry state along the row, which the packing-support check refuses.)
+MROPE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+
+
+def mrope_model_config(config: Any) -> tuple[int, int]:
+    """``(image_token_id, spatial_merge_size)`` of a model whose image rows seqpack runs exactly.
+
+    Args:
+        config: the model's config (``model.config``; read with ``getattr`` only).
+
+    Returns:
+        the config's ``image_token_id`` and ``vision_config.spatial_merge_size``.
+
+    Raises:
+        ValueError: ``config.model_type`` is not in :data:`MROPE_MODEL_TYPES` (a text-only model, or a
+            vision-language model whose positions seqpack does not reproduce), or the config lacks the
+            image token id / merge size; the message names the model type and what to do instead.
+    """
+    mt = getattr(config, "model_type", None)
+    if mt not in MROPE_MODEL_TYPES:
+        kind = ("has no vision tower" if getattr(config, "vision_config", None) is None else
+                "computes its own image positions, which seqpack does not reproduce")
+        raise ValueError(
+            f"model_type {mt!r} {kind}: seqpack's image rows carry the M-RoPE positions of "
+            f"{', '.join(MROPE_MODEL_TYPES)} (image tokens at their merged (t, h, w) grid, restarting per "
+            "segment) and run exactly only on those models. Train image samples for this model unpacked "
+            "(one sample per row, positions from its own processor), or pack text-only data")
+    tok = getattr(config, "image_token_id", None)
+    vc = getattr(config, "vision_config", None)
+    merge = getattr(vc, "spatial_merge_size", None) if vc is not None else None
+    if tok is None or not merge:
+        raise ValueError(f"model_type {mt!r}: the config has no image_token_id ({tok!r}) or "
+                         f"vision_config.spatial_merge_size ({merge!r}); load the model's full config")
+    return int(tok), int(merge)
 
 
 def mrope_position_ids(input_ids: np.ndarray, image_grid_thw: np.ndarray, merge_size: int, image_pad_id: int) -> np.ndarray:

@@ -74,13 +74,16 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
 
 
 def load_image_processor(config: Any = None):
-    """Build a Qwen2-VL image processor offline.
+    """Build a Qwen2-VL image processor offline (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 all use this class).
 
     Args:
         config: ``None`` for transformers' defaults (patch 14, merge 2, temporal patch 2, pixels in
             [3136, 1003520]); a dict of processor settings; or a path to a
             ``preprocessor_config.json`` (or a folder holding one), e.g. from a Qwen2.5-VL checkpoint.
-            ``min_pixels``/``max_pixels`` are honoured. Nothing is downloaded.
+            ``min_pixels``/``max_pixels`` are honoured. Nothing is downloaded. The settings must be the
+            model's: Qwen3-VL / Qwen3.5 checkpoints use ``patch_size`` 16 (their processor is this same
+            class), Qwen2-VL / Qwen2.5-VL 14; ``seqpack.hf.packed_forward`` refuses pixels whose patch size
+            differs from the vision tower's.
 
     Returns:
         a transformers ``Qwen2VLImageProcessor`` (the PIL backend when torchvision is absent).
