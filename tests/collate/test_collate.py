@@ -185,7 +185,7 @@ def test_packed_dataset_over_directory(tmp_path):
     from seqpack import io  # a core module: an import error must fail, not skip
     rows = [build_packed_sequence(_samples((4, 3), seed=i, prefix=f"r{i}_"), pad_to_multiple_of=2,
                                   pad_token_id=0, seq_length=8, pad_to_max_length=True) for i in range(3)]
-    io.write_packed(rows, tmp_path / "packed", io.PackedMetadata(seq_length=8, pad_to_multiple_of=2))
+    io.write_packed(rows, tmp_path / "packed", io.PackedMetadata(seq_length=8, pad_to_multiple_of=2, effective_pad_multiple=2))
     ds = PackedRowsDataset(tmp_path / "packed")
     assert len(ds) == 3
     ds2 = pickle.loads(pickle.dumps(ds))

@@ -248,7 +248,7 @@ def test_bug3_packed_forward_accepts_packed_sequence_from_disk(tmp_path):
 
     rows = [build_packed_sequence(_samples((5, 3), seed=i), pad_to_multiple_of=4, pad_token_id=0, seq_length=16,
                                   pad_to_max_length=True) for i in range(2)]
-    io.write_packed(rows, tmp_path / "p", io.PackedMetadata(seq_length=16, pad_to_multiple_of=4))
+    io.write_packed(rows, tmp_path / "p", io.PackedMetadata(seq_length=16, pad_to_multiple_of=4, effective_pad_multiple=4))
     row = io.load_packed(tmp_path / "p")[1]
     model = _qwen3()
     out = packed_forward(model, row)

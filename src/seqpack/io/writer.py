@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from seqpack import __version__
 from seqpack.io.fingerprint import sha256_file
+from seqpack.io.schema import check_metadata
 from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
 from seqpack.io.metadata import (
     DATA_DIR,
@@ -258,6 +259,7 @@ class PackedWriter:
 
         Raises:
             ValueError: ``metadata.num_packs`` was set (> 0) and differs from the rows written.
+            PackedDatasetError: the metadata fails the schema a reader checks (:mod:`seqpack.io.schema`).
             FileExistsError: the target appeared meanwhile and ``overwrite`` is False.
         """
         if self._done:
@@ -272,6 +274,7 @@ class PackedWriter:
             metadata.format_version = FORMAT_VERSION
             metadata.seqpack_version = __version__
             metadata.created_at = created_at()
+            check_metadata(metadata.to_dict(), "the metadata to write")  # what a reader will check, refused now
             rep = self.tmp / REPORT_FILE
             with open(rep, "w", encoding="utf-8") as f:
                 for e in report_entries:
