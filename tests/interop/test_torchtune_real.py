@@ -87,3 +87,23 @@ def test_torchtune_model_packed_equals_per_sample(packed_dir):
             alone = model(tokens[:, start:start + n])
             torch.testing.assert_close(packed[:, start:start + n], alone, atol=2e-5, rtol=1e-4)
             start += n
+
+
+def test_recipe_tokenizer_checked_against_the_data(packed_dir, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from torchtune.modules.transforms.tokenizers import HuggingFaceBaseTokenizer
+
+    from seqpack.data import load_tokenizer
+
+    load_tokenizer("qwen3").save_pretrained(tmp_path / "qwen3")
+    (tmp_path / "gen.json").write_text('{"bos_token_id": 151643, "eos_token_id": 151645}')  # Qwen3's
+    same = HuggingFaceBaseTokenizer(str(tmp_path / "qwen3" / "tokenizer.json"),
+                                    generation_config_path=str(tmp_path / "gen.json"))
+    assert len(tt_config.instantiate(_cfg(packed_dir).dataset, same)) > 1
+    other = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1}, "<unk>"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    other.save(str(tmp_path / "other.json"))
+    wrong = HuggingFaceBaseTokenizer(str(tmp_path / "other.json"), generation_config_path=str(tmp_path / "gen.json"))
+    with pytest.raises(ValueError, match="encodes a probe text as .* the data's tokenizer 'qwen3'"):
+        tt_config.instantiate(_cfg(packed_dir).dataset, wrong)
+    assert len(tt_config.instantiate(_cfg(packed_dir, check_tokenizer=False).dataset, wrong)) > 1

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 from seqpack.packed import PackedSequence, real_boundaries, segment_fields
 from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
@@ -186,6 +187,7 @@ def packed_dataset(
     max_seq_len: int | None = None,
     expect: dict[str, Any] | None = None,
     final_target: str = "error",
+    check_tokenizer: bool = True,
 ) -> TorchtunePackedDataset:
     """torchtune dataset builder over a seqpack packed dataset (made by ``seqpack pack``).
 
@@ -198,10 +200,12 @@ def packed_dataset(
           packed: True
 
     Token ids come from the packed data (tokenized by ``seqpack pack --tokenizer``, recorded in its
-    ``metadata.json``); ``tokenizer`` is accepted because torchtune passes it, and is not used.
+    ``metadata.json``); the recipe's ``tokenizer`` only has to agree with it: with ``check_tokenizer``
+    a probe text is encoded by both (``tokenizer.encode(text, add_bos=False, add_eos=False)``, the
+    torchtune tokenizer signature, vs. the data's tokenizer loaded by ``seqpack.data.load_tokenizer``).
 
     Args:
-        tokenizer: the recipe's tokenizer (ignored, see above).
+        tokenizer: the recipe's tokenizer (``None`` or an object without ``encode``: not checked).
         source: the packed dataset directory.
         packed: must be ``True``: torchtune's recipes then collate with ``padded_collate_packed``
             (block-causal mask from ``seq_lens``); ``False`` would make them pad and collate the packs as
@@ -210,13 +214,15 @@ def packed_dataset(
             ``tokenizer.max_seq_len`` is the usual value to pass).
         expect: settings checked against ``metadata.json`` (``seqpack.io.load_packed(expect=...)``).
         final_target: as :func:`to_torchtune`.
+        check_tokenizer: compare ``tokenizer`` with the data's tokenizer (above).
 
     Returns:
         :class:`TorchtunePackedDataset` (rows: ``tokens``, ``labels``, ``input_pos``, ``seq_lens``,
         ``torch.long``, ``max_seq_len`` wide).
 
     Raises:
-        ValueError: ``packed`` is not True; ``max_seq_len`` smaller than the data's ``seq_length``.
+        ValueError: ``packed`` is not True; ``max_seq_len`` smaller than the data's ``seq_length``; the
+            recipe's tokenizer encodes the probe differently from the data's (or the data's cannot be loaded).
         FileNotFoundError / ValueError: from ``load_packed`` (missing dataset, ``expect`` mismatch).
     """
     from seqpack.io import load_packed
@@ -235,6 +241,29 @@ def packed_dataset(
             f"max_seq_len={width} is smaller than the packed data's seq_length={cap} ({source}); pass "
             f"max_seq_len >= {cap} or re-pack with --seq-length {width}"
         )
+    if check_tokenizer and callable(getattr(tokenizer, "encode", None)):
+        _check_tokenizer(tokenizer, packs.metadata.tokenizer, source)
     pad_id = packs.metadata.pad_token_id
     return TorchtunePackedDataset(packs, max_seq_len=width, padding_idx=0 if pad_id is None else int(pad_id),
                                   final_target=final_target)
+
+
+_PROBE = "seqpack probe: Hello, world! 1234 ünïcödé\n\tdef f(x): return x ** 2"
+
+
+def _check_tokenizer(tokenizer: Any, name: str | None, source: Any) -> None:
+    """Refuse a recipe tokenizer that encodes :data:`_PROBE` differently from the packed data's tokenizer."""
+    fix = "use the tokenizer the data was packed with, re-pack with the recipe's (seqpack pack --tokenizer), " \
+          "or pass check_tokenizer: False"
+    try:
+        ours = load_tokenizer(name).encode(_PROBE, add_special_tokens=False)
+    except (TokenizerError, OSError, ValueError) as e:
+        raise ValueError(f"{source}: cannot load the data's tokenizer {name!r} to compare with the recipe's ({e}); "
+                         f"{fix}") from None
+    theirs = list(tokenizer.encode(_PROBE, add_bos=False, add_eos=False))
+    if theirs != list(ours):
+        raise ValueError(
+            f"{source}: the recipe's tokenizer ({type(tokenizer).__name__}) encodes a probe text as {theirs[:8]}..., "
+            f"the data's tokenizer {name!r} as {list(ours)[:8]}...: the token ids would not mean what the model "
+            f"expects; {fix}"
+        )
