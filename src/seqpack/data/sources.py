@@ -172,12 +172,15 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
     JSONL: one record per non-blank line (``index = line - 1``); a line that is not valid UTF-8 or
     not valid JSON yields a record carrying ``error`` (so it can be skipped and reported). JSON: a
     top-level array (a file that is really JSONL is read as JSONL). Parquet: one record per row.
-    HF datasets: one per row. A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
+    HF datasets: one per row; a ``save_to_disk`` folder (``datasets.load_from_disk``) or an ``.arrow``
+    file (``datasets.Dataset.from_file``): one per row, ``source`` the path, image paths relative to the
+    folder. A :class:`~seqpack.data.llamafactory.LlamaFactorySource`: its file's records in seqpack's keys
+    (``LlamaFactorySource.records``). A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
     ``strip_arrow_nulls`` (Arrow's ``None`` fill of absent struct keys is removed; see the module doc).
 
     Raises:
-        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON),
-            or the extension is unknown.
+        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON, a
+            folder or ``.arrow`` file datasets cannot load, a ``DatasetDict``), or the extension is unknown.
     """
     if isinstance(item, InMemoryRecords):
         for i, row in enumerate(item):
