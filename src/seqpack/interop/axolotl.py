@@ -70,6 +70,9 @@ def export_axolotl(source: Any, output_dir: str | os.PathLike, *, final_target: 
         output_dir: the folder to write; must not exist.
         final_target: as :func:`axolotl_rows`.
 
+    Memory: every row is built in memory before ``save_to_disk`` (about 50 bytes per token); export a
+    large dataset in parts (e.g. per shard of ``load_packed(...).metadata.shards``).
+
     Returns:
         ``output_dir`` as a ``Path``.
 

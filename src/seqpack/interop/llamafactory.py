@@ -101,6 +101,9 @@ def export_llamafactory(source: Any, output_dir: str | os.PathLike, *, row_lengt
         pad_token_id: tail padding id; default the data's ``pad_token_id`` (an iterable: 0).
         final_target: as :func:`to_llamafactory_row`.
 
+    Memory: every row is built in memory before ``save_to_disk`` (about 50 bytes per token); export a
+    large dataset in parts (e.g. per shard of ``load_packed(...).metadata.shards``).
+
     Returns:
         ``output_dir`` as a ``Path``.
 
