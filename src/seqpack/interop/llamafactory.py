@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def to_llamafactory_row(pack: Any, *, row_length: int | None = None, pad_token_i
     if any(m for m in (getattr(pack, "media", None) or [])):
         raise ValueError("to_llamafactory_row: image packs are not exported (LLaMA-Factory re-processes images "
                          "with its mm_plugin); export text packs, or train image data with seqpack's collators")
-    cu, cup, n = real_boundaries(pack)
+    _, cup, _ = real_boundaries(pack)
     T = int(cup[-1])
     W = T if row_length is None else int(row_length)
     if W < T:
@@ -115,8 +115,6 @@ def export_llamafactory(source: Any, output_dir: str | os.PathLike, *, row_lengt
     out = Path(output_dir)
     if out.exists():
         raise FileExistsError(f"{out} exists; remove it or choose another output_dir")
-    packs: Iterable[Any]
-    meta = None
     if isinstance(source, (str, os.PathLike)):
         from seqpack.io import load_packed
 
