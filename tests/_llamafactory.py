@@ -33,7 +33,7 @@ def llamafactory_data():
     try:
         import llamafactory.data.collator
         import llamafactory.data.converter
-        import llamafactory.data.parser  # noqa: F401
+        import llamafactory.data.parser
     finally:
         if stub:
             sys.modules.pop("torchaudio", None)

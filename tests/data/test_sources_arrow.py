@@ -9,9 +9,9 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from seqpack.data.formats import normalize_record  # noqa: E402
-from seqpack.data.records import DataFormatError  # noqa: E402
-from seqpack.data.sources import expand_inputs, iter_records  # noqa: E402
+from seqpack.data.formats import normalize_record
+from seqpack.data.records import DataFormatError
+from seqpack.data.sources import expand_inputs, iter_records
 
 RECORDS = [
     {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]},

@@ -14,16 +14,16 @@ torch = pytest.importorskip("torch")
 datasets = pytest.importorskip("datasets")
 os.environ.setdefault("AXOLOTL_DO_NOT_TRACK", "1")
 pytest.importorskip("axolotl", reason="axolotl not installed (.ci/run installs axolotl==0.19.0 --no-deps)")
-from axolotl.utils.collators.batching import V2BatchSamplerDataCollatorForSeq2Seq  # noqa: E402
-from axolotl.utils.data.wrappers import _is_dataset_already_tokenized, get_dataset_wrapper  # noqa: E402
-from axolotl.utils.dict import DictDefault  # noqa: E402
-from axolotl.utils.samplers.multipack import MultipackBatchSampler  # noqa: E402
-from axolotl.utils.trainer import process_datasets_for_packing  # noqa: E402
+from axolotl.utils.collators.batching import V2BatchSamplerDataCollatorForSeq2Seq
+from axolotl.utils.data.wrappers import _is_dataset_already_tokenized, get_dataset_wrapper
+from axolotl.utils.dict import DictDefault
+from axolotl.utils.samplers.multipack import MultipackBatchSampler
+from axolotl.utils.trainer import process_datasets_for_packing
 
-from _models import random_samples  # noqa: E402
-from seqpack.interop.axolotl import axolotl_rows, export_axolotl  # noqa: E402
-from seqpack.packed.build import build_packed_sequence  # noqa: E402
-from seqpack.sample import Sample, unshift_labels  # noqa: E402
+from _models import random_samples
+from seqpack.interop.axolotl import axolotl_rows, export_axolotl
+from seqpack.packed.build import build_packed_sequence
+from seqpack.sample import Sample, unshift_labels
 
 V, W = 512, 64
 

@@ -10,12 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 datasets = pytest.importorskip("datasets")
 
-from _llamafactory import llamafactory_data  # noqa: E402
-from _models import random_samples  # noqa: E402
-from seqpack.interop.llamafactory import export_llamafactory, to_llamafactory_row  # noqa: E402
-from seqpack.packed.build import build_packed_sequence  # noqa: E402
-from seqpack.packed.masks import dense_block_causal_mask  # noqa: E402
-from seqpack.sample import unshift_labels  # noqa: E402
+from _llamafactory import llamafactory_data
+from _models import random_samples
+from seqpack.interop.llamafactory import export_llamafactory, to_llamafactory_row
+from seqpack.packed.build import build_packed_sequence
+from seqpack.packed.masks import dense_block_causal_mask
+from seqpack.sample import unshift_labels
 
 V, W = 512, 64
 

@@ -9,12 +9,12 @@ import pytest
 
 torchtune = pytest.importorskip("torchtune", reason="torchtune not installed (.ci/run installs torchtune==0.6.1)")
 torch = pytest.importorskip("torch")
-from omegaconf import OmegaConf  # noqa: E402  (a torchtune dependency)
-from torchtune import config as tt_config  # noqa: E402
-from torchtune.data import padded_collate_packed  # noqa: E402
+from omegaconf import OmegaConf
+from torchtune import config as tt_config
+from torchtune.data import padded_collate_packed
 
-from seqpack.packed.masks import dense_block_causal_mask  # noqa: E402
-from seqpack.pipeline import pack_dataset  # noqa: E402
+from seqpack.packed.masks import dense_block_causal_mask
+from seqpack.pipeline import pack_dataset
 
 SEQ = 192
 
