@@ -17,6 +17,7 @@ from rich.table import Table
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
 from seqpack.cli.app import app, err_console as _err, fail as _fail
+from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
 from seqpack.data.tokenizer import TokenizerError
 
 _out = Console()
@@ -50,7 +51,8 @@ def _summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
 @app.command("pack")
 def pack(
     inputs: Optional[List[str]] = typer.Argument(
-        None, help="JSON/JSONL/Parquet files or globs. None: the embedded sample_chat.jsonl demo data."
+        None, help="JSON/JSONL/Parquet/Arrow files or globs, datasets save_to_disk folders, LLaMA-Factory "
+        "dataset_info.json files. None: the embedded sample_chat.jsonl demo data."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Dataset directory to create."),
     tokenizer: str = typer.Option("qwen3", help="Tokenizer name or local path ('qwen3' = embedded Qwen3)."),
@@ -63,6 +65,9 @@ def pack(
     train_on: str = typer.Option("assistant", "--train-on", help="Which tokens are trained (e.g. assistant)."),
     seed: int = typer.Option(0, help="Planner seed."),
     format: str = typer.Option("auto", "--format", help="Input format, or auto-detect per record."),
+    dataset: Optional[str] = typer.Option(
+        None, "--dataset", help="dataset_info.json inputs: the entries to read, comma-separated (default: all)."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing packed dataset at --output."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack\\[ray]").'),
@@ -112,6 +117,8 @@ def pack(
     )
     restore = _terminate_like_interrupt()
     try:
+        if dataset is not None:
+            inputs = _select_datasets(inputs or [], dataset)
         if progress is not None:
             progress.start()
         try:
@@ -155,6 +162,13 @@ def _terminate_like_interrupt():
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _select_datasets(inputs: list, dataset: str) -> list:
+    """Each ``dataset_info.json`` input replaced by the sources of its entries named in ``dataset``."""
+    if not any(is_dataset_info(i) for i in inputs):
+        _fail("--dataset selects entries of a LLaMA-Factory dataset_info.json input; no input is one", 2)
+    return [s for i in inputs for s in (read_dataset_info(i, dataset) if is_dataset_info(i) else [i])]
 
 
 def _print_entries(entries, output: Path, limit: int = 5) -> None:

@@ -14,6 +14,7 @@ from seqpack.data.records import RawRecord
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
 from seqpack.accounting import PrepareReport
+from seqpack.data.llamafactory import LlamaFactorySource
 from seqpack.data.sources import InMemoryRecords, dataset_name, expand_inputs, is_dataset, iter_records
 from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 
@@ -177,9 +178,9 @@ def display_names(items: list[Any]) -> list[str]:
     dataset is named by its name, suffixed ``[k]`` (k = 0, 1, ... in input order) where several inputs
     share it. The returned names are unique, so sample ids ``"<name>:<index>"`` are unique.
     """
-    is_file = [not (is_dataset(it) or isinstance(it, InMemoryRecords)) for it in items]
+    is_file = [not (is_dataset(it) or isinstance(it, (InMemoryRecords, LlamaFactorySource))) for it in items]
     base = [
-        Path(it).name if f else it.name if isinstance(it, InMemoryRecords) else dataset_name(it)
+        Path(it).name if f else it.name if isinstance(it, (InMemoryRecords, LlamaFactorySource)) else dataset_name(it)
         for it, f in zip(items, is_file)
     ]
     counts = Counter(base)

@@ -1,4 +1,5 @@
-"""Read input files and datasets into ``RawRecord`` s: JSON, JSONL, Parquet, HF ``datasets``, record lists.
+"""Read input files and datasets into ``RawRecord`` s: JSON, JSONL, Parquet, HF ``datasets`` (objects,
+``save_to_disk`` folders, ``.arrow`` files), LLaMA-Factory ``dataset_info.json`` entries, record lists.
 
 Text files are UTF-8 (a leading UTF-8 byte-order mark is accepted). JSONL is decoded line by line, so a
 line that is not valid UTF-8 is one bad record (``reason="bad_encoding"``), skippable like malformed
@@ -21,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from seqpack.data.llamafactory import LlamaFactorySource, is_dataset_info, read_dataset_info
 from seqpack.data.records import DataFormatError, RawRecord
 
 __all__ = [
@@ -46,7 +48,9 @@ class InMemoryRecords(list):
 def expand_inputs(inputs: Any) -> list[Any]:
     """Expand ``inputs`` (a path, a glob, a ``datasets.Dataset``, a list of those, or a list of
     record dicts) to a list of ``Path`` objects, dataset objects and ``InMemoryRecords``, in the
-    given order (globs sorted).
+    given order (globs sorted). A ``datasets`` ``save_to_disk`` folder is one input; a LLaMA-Factory
+    ``dataset_info.json`` is one :class:`~seqpack.data.llamafactory.LlamaFactorySource` per entry (and per
+    file of a directory entry); such sources may also be given directly.
 
     A file reached twice (the same path given twice, a glob overlapping a path, a symlink to a file
     already listed) is read once, at its first position: later occurrences are dropped by real path
@@ -54,7 +58,8 @@ def expand_inputs(inputs: Any) -> list[Any]:
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
-        DataFormatError: a directory or a ``DatasetDict`` was given.
+        DataFormatError: a directory that is not a ``save_to_disk`` folder of one ``Dataset``, a
+            ``DatasetDict`` (object or folder), or a ``dataset_info.json`` that does not parse.
     """
     if isinstance(inputs, (str, os.PathLike)) or is_dataset(inputs) or is_dataset_dict(inputs):
         inputs = [inputs]
@@ -73,7 +78,7 @@ def expand_inputs(inputs: Any) -> list[Any]:
                 reason="bad_input",
                 fix="pass one split, e.g. ds['train'].",
             )
-        if is_dataset(item):
+        if is_dataset(item) or isinstance(item, LlamaFactorySource):
             out.append(item)
             continue
         s = os.fspath(item)
@@ -85,16 +90,28 @@ def expand_inputs(inputs: Any) -> list[Any]:
             continue
         p = Path(s)
         if p.is_dir():
-            raise DataFormatError(
-                "is a directory.",
-                source=s,
-                reason="bad_input",
-                fix="pass data files (.json, .jsonl, .parquet) or a glob such as 'dir/*.jsonl'.",
-            )
-        if not p.exists():
+            _check_saved_dataset(p)
+        elif not p.exists():
             raise FileNotFoundError(f"input file {s!r} does not exist. Fix: check the path (cwd = {os.getcwd()}).")
-        out.append(p)
+        out.extend(read_dataset_info(p) if is_dataset_info(p) else [p])
     return dedupe_paths(out)
+
+
+def _check_saved_dataset(p: Path) -> None:
+    """A directory input must be a ``Dataset.save_to_disk`` folder (``state.json`` + ``dataset_info.json``)."""
+    if (p / "dataset_dict.json").is_file():
+        splits = sorted(q.name for q in p.iterdir() if (q / "state.json").is_file())
+        raise DataFormatError(
+            f"is a DatasetDict saved with save_to_disk (splits {splits}), not one Dataset.", source=str(p),
+            reason="bad_input", fix=f"pass one split's folder, e.g. {p / (splits[0] if splits else 'train')}.",
+        )
+    if not (p / "state.json").is_file() or not (p / "dataset_info.json").is_file():
+        raise DataFormatError(
+            "is a directory, not a datasets save_to_disk folder (it has no state.json + dataset_info.json).",
+            source=str(p), reason="bad_input",
+            fix="pass data files (.json, .jsonl, .parquet, .arrow), a glob such as 'dir/*.jsonl', a folder written "
+            "by Dataset.save_to_disk, or a LLaMA-Factory dataset_info.json.",
+        )
 
 
 def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> list[Any]:
@@ -155,12 +172,15 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
     JSONL: one record per non-blank line (``index = line - 1``); a line that is not valid UTF-8 or
     not valid JSON yields a record carrying ``error`` (so it can be skipped and reported). JSON: a
     top-level array (a file that is really JSONL is read as JSONL). Parquet: one record per row.
-    HF datasets: one per row. A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
+    HF datasets: one per row; a ``save_to_disk`` folder (``datasets.load_from_disk``) or an ``.arrow``
+    file (``datasets.Dataset.from_file``): one per row, ``source`` the path, image paths relative to the
+    folder. A :class:`~seqpack.data.llamafactory.LlamaFactorySource`: its file's records in seqpack's keys
+    (``LlamaFactorySource.records``). A leading UTF-8 BOM is ignored. Parquet / dataset rows go through
     ``strip_arrow_nulls`` (Arrow's ``None`` fill of absent struct keys is removed; see the module doc).
 
     Raises:
-        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON),
-            or the extension is unknown.
+        DataFormatError: the whole file cannot be parsed (``.json`` that is not UTF-8 or not JSON, a
+            folder or ``.arrow`` file datasets cannot load, a ``DatasetDict``), or the extension is unknown.
     """
     if isinstance(item, InMemoryRecords):
         for i, row in enumerate(item):
@@ -171,11 +191,18 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
         for i, row in enumerate(item):
             yield RawRecord(strip_arrow_nulls(row), name, i)
         return
+    if isinstance(item, LlamaFactorySource):
+        yield from item.records(iter_records)
+        return
     path = Path(item)
     src = str(path)
     suffix = path.suffix.lower()
     base = path.resolve().parent
-    if suffix in (".jsonl", ".ndjson"):
+    if path.is_dir() or suffix == ".arrow":
+        ds = _load_arrow(path)
+        for i, row in enumerate(ds):
+            yield RawRecord(strip_arrow_nulls(row), src, i, base_dir=path.resolve() if path.is_dir() else base)
+    elif suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(path, base)
     elif suffix == ".json":
         text = _decode_whole(path)
@@ -217,8 +244,28 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
             f"unknown file type {path.suffix!r}.",
             source=src,
             reason="unknown_format",
-            fix="use .json (array), .jsonl or .parquet files, or load the data with `datasets` and pass the Dataset.",
+            fix="use .json (array), .jsonl, .parquet or .arrow files, a datasets save_to_disk folder, or load the "
+            "data with `datasets` and pass the Dataset.",
         )
+
+
+def _load_arrow(path: Path) -> Any:
+    """``datasets.load_from_disk`` (a folder) or ``datasets.Dataset.from_file`` (an ``.arrow`` file)."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.Dataset.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a bad file
+        what = "a datasets save_to_disk folder" if path.is_dir() else "an Arrow stream file written by datasets"
+        raise DataFormatError(
+            f"cannot be read as {what} ({type(e).__name__}: {e}).", source=str(path), reason="bad_input",
+            fix="pass a folder written by Dataset.save_to_disk or one of its data-*.arrow files (an Arrow IPC "
+            "file/Feather written by pyarrow: convert it, e.g. pyarrow.parquet.write_table(table, 'x.parquet')).",
+        ) from None
+    if not isinstance(ds, datasets.Dataset):
+        raise DataFormatError(f"holds a {type(ds).__name__}, not one Dataset.", source=str(path), reason="bad_input",
+                              fix="pass one split's folder.")
+    return ds
 
 
 def strip_arrow_nulls(value: Any) -> Any:
