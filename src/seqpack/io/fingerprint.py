@@ -16,8 +16,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from seqpack.io.metadata import PackedDatasetError
+
 __all__ = ["FINGERPRINT_SETTINGS", "sha256_file", "describe_input", "compute_fingerprint", "fingerprint_settings",
-           "recompute_fingerprint"]
+           "recompute_fingerprint", "verify_fingerprint"]
 
 #: The ``metadata.json`` keys that enter the fingerprint as settings (every one changes the packed output).
 #: The packing job writes exactly these (``PackJob.metadata_settings``); verification reads them back.
@@ -107,3 +109,20 @@ def recompute_fingerprint(metadata: Any) -> str:
     settings = fingerprint_settings(d, fingerprint_extra=(d.get("extra") or {}).get("fingerprint_extra"),
                                     media=d.get("media"))
     return compute_fingerprint(d.get("inputs") or [], settings)
+
+
+def verify_fingerprint(p: Path, meta: Any) -> None:
+    """Refuse a ``metadata.json`` (``meta``, a ``PackedMetadata`` read from the dataset folder ``p``) whose
+    settings no longer match its fingerprint (they were edited after packing).
+
+    Raises:
+        PackedDatasetError: no fingerprint stored, or the recomputed one differs.
+    """
+    if not meta.fingerprint:
+        raise PackedDatasetError(f"{p}: metadata.json has no fingerprint; cannot verify its settings. Re-pack the data")
+    want = recompute_fingerprint(meta)
+    if want != meta.fingerprint:
+        raise PackedDatasetError(
+            f"{p}: metadata.json's settings do not match its fingerprint (stored {meta.fingerprint[:16]}..., the "
+            f"settings give {want[:16]}...): seq_length, the pad multiple, the CP size or another setting was "
+            "edited after packing, so the rows may not be what the metadata says. Re-pack the data")

@@ -25,10 +25,12 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
+import tempfile
 import uuid
 from pathlib import Path
 
-from seqpack.io.metadata import DATA_DIR, METADATA_FILE, REPORT_FILE
+from seqpack.io.metadata import DATA_DIR, METADATA_FILE, REPORT_FILE, PackedDatasetError
 
 __all__ = [
     "LEFTOVER_KINDS",
@@ -36,6 +38,7 @@ __all__ = [
     "check_output_dir",
     "fsync_dir",
     "fsync_file",
+    "private_cache_root",
     "publish_dir",
     "remove_leftovers",
     "stranger_entries",
@@ -248,3 +251,23 @@ def publish_dir(tmp: Path, output: Path, overwrite: bool) -> None:
             raise
         shutil.rmtree(old, ignore_errors=True)
     fsync_dir(output.parent)
+
+
+def private_cache_root() -> Path:
+    """This user's Arrow cache folder in the temp dir (``seqpack-arrow-cache-<uid>``, mode 0700), for
+    datasets in read-only folders.
+
+    Raises:
+        PackedDatasetError: the folder exists but belongs to another user, is a symlink, or others can
+            write to it (another local user could plant cache files that would be served as rows).
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    root = Path(tempfile.gettempdir()) / f"seqpack-arrow-cache-{uid}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != uid) \
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PackedDatasetError(
+            f"the Arrow cache folder {root} is not private to this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it, or pass cache_dir= a folder only you can write")
+    return root

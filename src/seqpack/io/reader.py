@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -19,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.io.fingerprint import recompute_fingerprint, sha256_file
+from seqpack.io.fingerprint import sha256_file, verify_fingerprint
+from seqpack.io.output_dir import private_cache_root
 from seqpack.io.media import image_processor_from_metadata, segment_media
 from seqpack.io.metadata import (
     REPORT_FILE,
@@ -299,26 +298,6 @@ class PackedDataset:
                 f"context_parallel_size={m.context_parallel_size}, pad_multiple={m.effective_pad_multiple})")
 
 
-def private_cache_root() -> Path:
-    """This user's Arrow cache folder in the temp dir (``seqpack-arrow-cache-<uid>``, mode 0700), for
-    datasets in read-only folders.
-
-    Raises:
-        PackedDatasetError: the folder exists but belongs to another user, is a symlink, or others can
-            write to it (another local user could plant cache files that would be served as rows).
-    """
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    root = Path(tempfile.gettempdir()) / f"seqpack-arrow-cache-{uid}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(root)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != uid) \
-            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PackedDatasetError(
-            f"the Arrow cache folder {root} is not private to this user (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); remove it, or pass cache_dir= a folder only you can write")
-    return root
-
-
 def load_packed(
     path: str | os.PathLike,
     expect: Mapping[str, Any] | None = None,
@@ -368,7 +347,7 @@ def load_packed(
         raise PackedDatasetError(f"packed dataset {p} does not exist (or is not a directory)")
     meta = PackedMetadata.read(p)
     if verify:
-        _verify_fingerprint(p, meta)
+        verify_fingerprint(p, meta)
     root = p.resolve()
     total = 0
     for s in meta.shards:
@@ -406,15 +385,3 @@ def load_packed(
     ds = PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media)
     ds._rebuild_cache = bool(verify)
     return ds
-
-
-def _verify_fingerprint(p: Path, meta: PackedMetadata) -> None:
-    """Refuse a ``metadata.json`` whose settings no longer match its fingerprint (they were edited)."""
-    if not meta.fingerprint:
-        raise PackedDatasetError(f"{p}: metadata.json has no fingerprint; cannot verify its settings. Re-pack the data")
-    want = recompute_fingerprint(meta)
-    if want != meta.fingerprint:
-        raise PackedDatasetError(
-            f"{p}: metadata.json's settings do not match its fingerprint (stored {meta.fingerprint[:16]}..., the "
-            f"settings give {want[:16]}...): seq_length, the pad multiple, the CP size or another setting was "
-            "edited after packing, so the rows may not be what the metadata says. Re-pack the data")

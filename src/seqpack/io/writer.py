@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from seqpack import __version__
 from seqpack.io.fingerprint import sha256_file
-from seqpack.io.schema import check_metadata
+from seqpack.io.metadata import check_metadata
 from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
 from seqpack.io.metadata import (
     DATA_DIR,
@@ -259,7 +259,7 @@ class PackedWriter:
 
         Raises:
             ValueError: ``metadata.num_packs`` was set (> 0) and differs from the rows written.
-            PackedDatasetError: the metadata fails the schema a reader checks (:mod:`seqpack.io.schema`).
+            PackedDatasetError: the metadata fails the schema a reader checks (seqpack.io.metadata.check_metadata).
             FileExistsError: the target appeared meanwhile and ``overwrite`` is False.
         """
         if self._done:
