@@ -80,19 +80,13 @@ def model_attention_inputs(batch: Mapping[str, Any], config: Any, attn_implement
 
     Raises:
         ValueError: as :func:`resolve_attn_implementation` and
-            :func:`~seqpack.adapters.attention_pattern.attention_pattern`; layers of different kinds in a
-            model whose config has no ``layer_types`` (no way to hand each its mask); chunked layers under
-            flash-attn with a segment longer than a chunk.
+            :func:`~seqpack.adapters.attention_pattern.attention_pattern`; chunked layers under flash-attn
+            with a segment longer than a chunk.
     """
     impl = resolve_attn_implementation(config, attn_implementation)
     pattern = attention_pattern(config)
     b = as_batch(batch)
     kinds = pattern.attention_kinds
-    if len(kinds) > 1 and not pattern.keyed:
-        raise ValueError(
-            f"model_type {pattern.model_type!r} has layers of different attention kinds "
-            f"({sorted((k.kind, k.size) for k in kinds)}) but no config.layer_types, so it takes one mask for "
-            "all layers and seqpack cannot give each layer its own; train it on padded batches")
 
     def build(layer):
         return attention_inputs(b["seq_idx"], b["padding_mask"], b["cu_seqlens_padded"], b["max_seqlen"], impl,
