@@ -89,7 +89,7 @@ def model_attention_inputs(batch: Mapping[str, Any], config: Any, attn_implement
     b = as_batch(batch)
     kinds = pattern.attention_kinds
     limit = slot_position_limit(config)
-    T, n = int(b["input_ids"].shape[-1]), int(b["cu_seqlens_padded"].numel() - 1)
+    T, n = int(b["input_ids"].shape[-1]), int((b["cu_seqlens"].diff() > 0).sum())  # segments with real tokens
     if limit is not None and T >= limit[0] and n > 1:
         raise ValueError(f"model_type {pattern.model_type!r}: a packed row of {T} slots with {n} segments is not exact: "
                          f"{limit[1]}; pack rows shorter than {limit[0]} slots (seq_length < {limit[0]}) or "
