@@ -244,7 +244,8 @@ def test_energon_batch_runs_a_real_model_per_sample_exactly(text_dataset, ids):
 
 def test_label_conventions_and_output_formats():
     class HfLabels(TextEncoder):
-        label_convention, collate_format, attn_implementation = "hf", "hf", "sdpa"
+        label_convention, collate_format = "hf", "hf"
+        model_config = __import__("transformers").Qwen3Config(attn_implementation="sdpa")
 
     enc = HfLabels()
     # unshifted HF labels [-100, 6, 7] on ids [5, 6, 7] -> shifted [6, 7, -100]

@@ -190,7 +190,7 @@ def test_sft_trainer_with_packed_collator_on_offline_packs(offline, qwen3_tokeni
     packs, vocab_size = offline
     train = to_hf_dataset(packs)
     model = _model(vocab_size)
-    coll = PackedCollator(format="hf", attn_implementation=model.config._attn_implementation)
+    coll = PackedCollator(format="hf", config=model.config)
     args = _args(tmp_path, per_device_train_batch_size=2, remove_unused_columns=False,
                  dataset_kwargs={"skip_prepare_dataset": True})
     start = copy.deepcopy(model)
@@ -230,7 +230,7 @@ def test_sft_trainer_in_batch_packing_assistant_only(tmp_path, qwen3_tokenizer):
     model = _model(vocab.size)
     start = copy.deepcopy(model)
     coll = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", label_convention="hf",
-                                  attn_implementation=model.config._attn_implementation)
+                                  config=model.config)
     seen = _record_forward_kwargs(model)
     args = _args(tmp_path, per_device_train_batch_size=4)
     trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
@@ -264,7 +264,7 @@ def test_hf_trainer_with_packed_collator_on_offline_packs(offline, tmp_path):
     packs, vocab_size = offline
     model = _model(vocab_size)
     ref, _ = _reference(copy.deepcopy(model), _segments(packs[:2]))
-    coll = PackedCollator(format="hf", attn_implementation=model.config._attn_implementation)
+    coll = PackedCollator(format="hf", config=model.config)
     args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=2, logging_steps=1,
                              report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-3, seed=0,
                              train_sampling_strategy="sequential")

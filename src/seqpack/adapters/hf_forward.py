@@ -154,7 +154,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
         "input_ids": b["input_ids"].to(dev),
         "position_ids": b["position_ids"].to(dev),
     }
-    mrope = _batch_mrope(batch, b, image_token_id, spatial_merge_size)
+    mrope = _batch_mrope(batch, b, image_token_id, spatial_merge_size, config)
     if mrope is not None:
         out["position_ids"] = mrope[:, None, :].to(dev)  # [3, 1, T], Qwen2-VL's (axes, batch, T)
     if "labels" in b:

@@ -99,8 +99,9 @@ class SeqpackPackingMixin:
             and logs a warning (:func:`seqpack.stream.select_samples_to_pack`).
         label_convention: how stored ``labels`` are meant: ``"shifted"`` (seqpack's, default) or
             ``"hf"`` (unshifted, HF collators); samples without labels train on every next token.
-        collate_format, attn_implementation: :class:`~seqpack.collate.PackedCollator`'s ``format``
-            (``"thd"`` default, ``"hf"``, ``"megatron"``) and ``attn_implementation``.
+        collate_format, model_config: :class:`~seqpack.collate.PackedCollator`'s ``format``
+            (``"thd"`` default, ``"hf"``, ``"megatron"``) and, for ``"hf"``, the model's config
+            (``config=``: the masks follow its attention pattern).
 
     Hooks (Energon calls them; all but ``select_samples_to_pack`` are ``@stateless``, which restoring a
     saved loader state requires; none draws random numbers, so no ``restore_seeds`` is needed):
@@ -127,7 +128,7 @@ class SeqpackPackingMixin:
     overlength: str = "error"
     label_convention: str = "shifted"
     collate_format: str = "thd"
-    attn_implementation: str | None = None
+    model_config: Any = None
 
     def seqpack_sample(self, sample: Any, input_ids: Any, labels: Any = None) -> SeqpackSample:
         """``sample``'s Energon metadata with the seqpack ``Sample`` of ``input_ids`` / ``labels``.
@@ -193,7 +194,7 @@ class SeqpackPackingMixin:
     @stateless(failure_tolerance=1)
     def batch(self, samples: list[SeqpackPack]) -> dict[str, Any]:
         """Packs -> :class:`~seqpack.collate.PackedCollator`'s batch (one THD row) plus :data:`ENERGON_KEYS`."""
-        out = PackedCollator(format=self.collate_format, attn_implementation=self.attn_implementation)(
+        out = PackedCollator(format=self.collate_format, config=self.model_config)(
             [s.packed for s in samples]
         )
         out.update(
