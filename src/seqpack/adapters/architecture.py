@@ -35,6 +35,7 @@ __all__ = [
     "STATE_MODEL_TYPES",
     "check_packed_support",
     "check_model_type",
+    "model_type_problem",
     "packed_support_problem",
     "mark_router_prepared",
     "router_prepared",
@@ -179,16 +180,18 @@ def check_packed_support(config: Any, *, router_hook: bool = True) -> None:
         raise found
 
 
-def check_model_type(model_type: str) -> None:
-    """Setup-time form of :func:`check_packed_support` for a transformers ``model_type`` without a config:
-    refuses the types whose released models carry state-carrying layers (:data:`STATE_MODEL_TYPES`) or
-    build ALiBi from a 2-D mask (Falcon only with ``alibi=True``, so not refused here).
+def model_type_problem(model_type: str) -> PackingUnsupportedError | None:
+    """Setup-time form of :func:`packed_support_problem` for a transformers ``model_type`` without a config:
+    the types whose released models carry state-carrying layers (:data:`STATE_MODEL_TYPES`) or always
+    build ALiBi from a 2-D mask (Bloom; Falcon only with ``alibi=True``, so not here). None when it packs."""
+    if ALIBI_FROM_2D_MASK.get(model_type, "") is None:
+        return _alibi_problem(model_type, None)
+    return _state_problem(model_type, None)
 
-    Raises:
-        PackingUnsupportedError: as :func:`check_packed_support`.
-    """
-    found = _state_problem(model_type, None) or (_alibi_problem(model_type, None)
-                                                 if ALIBI_FROM_2D_MASK.get(model_type, "") is None else None)
+
+def check_model_type(model_type: str) -> None:
+    """Raise :func:`model_type_problem`'s :class:`PackingUnsupportedError` for ``model_type``, if any."""
+    found = model_type_problem(model_type)
     if found is not None:
         raise found
 
