@@ -37,6 +37,7 @@ __all__ = [
     "check_model_type",
     "model_type_problem",
     "packed_support_problem",
+    "extra_hf_inputs",
     "mark_router_prepared",
     "router_prepared",
 ]
@@ -194,6 +195,25 @@ def check_model_type(model_type: str) -> None:
     found = model_type_problem(model_type)
     if found is not None:
         raise found
+
+
+def extra_hf_inputs(config: Any, padding_mask: Any) -> dict[str, Any]:
+    """What a ``format="hf"`` batch built for ``config``'s model needs beside the attention inputs, after
+    :func:`check_packed_support` (``to_hf_inputs(config=...)`` and the collators given ``config=`` call it).
+
+    Args:
+        config: the model's config (``model.config``).
+        padding_mask: bool ``[1, T]``, True = pad (the batch's ``padding_mask``).
+
+    Returns:
+        ``{"padding_mask": padding_mask}`` when ``seqpack.hf.prepare_model`` hooked the model (its hook pops
+        the key before the model runs and counts router statistics over real tokens only), else ``{}``.
+
+    Raises:
+        PackingUnsupportedError: as :func:`check_packed_support`.
+    """
+    check_packed_support(config)
+    return {"padding_mask": padding_mask} if router_prepared(config) else {}
 
 
 def mark_router_prepared(config: Any) -> None:
