@@ -236,6 +236,17 @@ def test_router_statistics_refused_without_prepare_model():
     hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", attn_implementation="sdpa")(samples)
     with pytest.raises(Exception, match="shape|size|view"):  # what transformers does with the 4-D mask
         model(**hf)
+    from seqpack.hf import install_packing_guard
+
+    handle = install_packing_guard(model)  # the guard refuses by name instead
+    with pytest.raises(PackingUnsupportedError, match="prepare_model"):
+        model(**hf)
+    model.config.output_router_logits = False
+    with pytest.raises(PackingUnsupportedError, match="prepare_model"):
+        model(**hf, output_router_logits=True)
+    assert model(**hf).loss is not None  # no router statistics asked: runs
+    handle.remove()
+    model.config.output_router_logits = True
     prepare_model(model)
     check_packed_support(model.config)
     with pytest.raises(PackingUnsupportedError, match="carries no padding_mask"):

@@ -130,11 +130,18 @@ def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | Non
 
 def _guard_hook(module, args, kwargs):
     check_hf_inputs(kwargs, attn_implementation=getattr(module.config, "_attn_implementation", None))
+    mask = kwargs.get("attention_mask")
+    if (isinstance(mask, torch.Tensor) and mask.dim() == 4) or isinstance(mask, Mapping) \
+            or kwargs.get("cu_seq_lens_q") is not None:  # a packed batch: the architecture must take it
+        check_packed_support(module.config, output_router_logits=kwargs.get("output_router_logits"))
     return None
 
 
 def install_packing_guard(model: torch.nn.Module):
-    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`).
+    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`), and packed
+    inputs (a 4-D or per-layer mask, ``cu_seq_lens_q``) for an architecture that cannot take them or for
+    router statistics on a model :func:`prepare_model` did not prepare
+    (:func:`seqpack.adapters.architecture.check_packed_support`, ``PackingUnsupportedError``).
 
     Registers a forward pre-hook (``with_kwargs=True``) on ``model``; returns the hook handle
     (``handle.remove()`` undoes it). Useful around third-party trainers and collators.

@@ -143,7 +143,8 @@ def _alibi_problem(model_type: str, cfg: Any) -> PackingUnsupportedError | None:
         "to each other")
 
 
-def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingUnsupportedError | None:
+def packed_support_problem(config: Any, *, router_hook: bool = True,
+                           output_router_logits: bool | None = None) -> PackingUnsupportedError | None:
     """The reason ``config``'s model cannot run packed rows exactly, or None (module docstring).
 
     Args:
@@ -151,6 +152,7 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
             text config); read with ``getattr`` only.
         router_hook: also refuse ``output_router_logits=True`` on a model that ``seqpack.hf.prepare_model``
             has not prepared (``packed_forward`` prepares the model itself and passes False).
+        output_router_logits: the call's own ``output_router_logits`` (None: the config's).
 
     Returns:
         a :class:`PackingUnsupportedError` (not raised), or None.
@@ -159,7 +161,8 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
     model_type = str(getattr(cfg, "model_type", None) or getattr(config, "model_type", ""))
     lt = getattr(cfg, "layer_types", None)
     found = _state_problem(model_type, lt if isinstance(lt, (list, tuple)) else None) or _alibi_problem(model_type, cfg)
-    if found is None and router_hook and getattr(cfg, "output_router_logits", False) and not router_prepared(config):
+    wants = getattr(cfg, "output_router_logits", False) if output_router_logits is None else output_router_logits
+    if found is None and router_hook and wants and not router_prepared(config):
         found = PackingUnsupportedError(
             model_type, "moe_router",
             "output_router_logits=True, and transformers' load_balancing_loss_func reads attention_mask as a 2-D "
@@ -170,13 +173,13 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
     return found
 
 
-def check_packed_support(config: Any, *, router_hook: bool = True) -> None:
+def check_packed_support(config: Any, *, router_hook: bool = True, output_router_logits: bool | None = None) -> None:
     """Raise :class:`PackingUnsupportedError` when ``config``'s model cannot run packed rows exactly.
 
     See :func:`packed_support_problem` for the arguments; the message names the model type, the layer
     kind and what to do instead.
     """
-    found = packed_support_problem(config, router_hook=router_hook)
+    found = packed_support_problem(config, router_hook=router_hook, output_router_logits=output_router_logits)
     if found is not None:
         raise found
 
