@@ -52,8 +52,8 @@ class PackedAttentionError(ValueError):
 
 _FIX = (
     "Use seqpack.hf.packed_forward(model, batch) with a seqpack THD batch, or a seqpack collator with "
-    "format='hf', attn_implementation=model.config._attn_implementation, which pass an explicit 4-D "
-    "block-diagonal mask (sdpa/eager), a BlockMask (flex) or cu_seq_lens_q/k (flash_attention_2)."
+    "format='hf', config=model.config, which pass an explicit 4-D block-diagonal mask (sdpa/eager; "
+    "with the model's sliding windows and chunks), a BlockMask (flex) or cu_seq_lens_q/k (flash_attention_2)."
 )
 
 
@@ -195,9 +195,14 @@ def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Ma
 def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
     """The forward kwargs :func:`packed_forward` passes (see ``seqpack.adapters.to_hf_inputs``), on the model's device.
 
-    ``batch`` may also be a ``PackedSequence`` (converted with ``PackedCollator()([row])``). Image
-    rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from ``image_grid_thw`` and the config's
-    ``image_token_id`` / ``vision_config.spatial_merge_size`` when the batch has no table).
+    The masks follow ``model.config`` (its ``attn_implementation`` and attention pattern: sliding-window
+    and chunked layers get their own masks). ``batch`` may also be a ``PackedSequence`` (converted with
+    ``PackedCollator()([row])``). Image rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from
+    ``image_grid_thw`` and the config's ``image_token_id`` / ``vision_config.spatial_merge_size`` when the
+    batch has no table).
+
+    Raises:
+        ValueError: an attention implementation or pattern seqpack cannot mask exactly (the reason named).
     """
     check_packed_support(model.config, router_hook=False)
     impl = getattr(model.config, "_attn_implementation", None)
@@ -206,7 +211,7 @@ def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
     batch = _as_mapping(batch)
     device, dtype = _model_device_dtype(model)
     tok, merge = _image_config(model)
-    return to_hf_inputs(batch, impl, mask_dtype=dtype, device=device, image_token_id=tok,
+    return to_hf_inputs(batch, config=model.config, mask_dtype=dtype, device=device, image_token_id=tok,
                         spatial_merge_size=merge)
 
 
