@@ -124,15 +124,9 @@ def _max_diff(a, b):
 
 
 def _hf_batch(model, samples, **coll):
-    """The format='hf' batch as to_hf_inputs(config=model.config) builds it: the attention inputs plus
-    extra_hf_inputs (padding_mask for a prepared MoE)."""
-    from seqpack.adapters.architecture import extra_hf_inputs
-
-    impl = model.config._attn_implementation
-    thd = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, **coll)(samples)
-    hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", attn_implementation=impl,
-                                **coll)(samples)
-    return thd, {**hf, **extra_hf_inputs(model.config, thd["padding_mask"])}
+    """The format='hf' batch the collator builds for the model (config=model.config)."""
+    return InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", config=model.config,
+                                  **coll)(samples)
 
 
 @pytest.mark.parametrize("model_type", list(TINY_MOE))
@@ -157,7 +151,7 @@ def test_trainer_path_router_loss_equals_padded_batch(model_type):
     assert abs(lbl(ref.router_logits, E, K, None).item() - hf_aux.item()) > 1e-4  # padding would count
 
     prepare_model(model)
-    thd, batch = _hf_batch(model, samples, seq_length=48, force_to_pad_to_seq_len=True)
+    batch = _hf_batch(model, samples, seq_length=48, force_to_pad_to_seq_len=True)
     assert batch["attention_mask"].dim() == 4 and int(batch["padding_mask"].sum()) == 48 - 33
     out = model(**batch, output_router_logits=True)
     out.loss.backward()
@@ -194,7 +188,6 @@ def test_trainer_two_steps_moe_packed_equals_padded(tmp_path):
     output_router_logits=True in its config: packed (prepared model) == padded batches (unprepared)."""
     from transformers import Trainer, TrainingArguments
 
-    from seqpack.adapters.architecture import extra_hf_inputs
     from seqpack.hf import prepare_model
 
     samples = _samples((9, 4, 6, 12, 3, 7, 5, 8), seed=3)
@@ -202,12 +195,8 @@ def test_trainer_two_steps_moe_packed_equals_padded(tmp_path):
     for name in ("packed", "padded"):
         model = _tiny_moe("qwen3_moe", output_router_logits=True)
         if name == "packed":
-            prepare_model(model)
-            inner = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8)
-            hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", attn_implementation="sdpa")
-
-            def coll(feats, model=model, inner=inner, hf=hf):
-                return {**hf(feats), **extra_hf_inputs(model.config, inner(feats)["padding_mask"])}
+            prepare_model(model)  # once, before Trainer(...)
+            coll = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", config=model.config)
         else:
             coll = PaddedCollator(pad_token_id=0)
         args = TrainingArguments(str(tmp_path / name), per_device_train_batch_size=2, gradient_accumulation_steps=2,
@@ -232,8 +221,11 @@ def test_router_statistics_refused_without_prepare_model():
     assert e.value.model_type == "mixtral" and e.value.layer_kind == "moe_router"
     samples = _samples((5, 6))
     with pytest.raises(PackingUnsupportedError, match="prepare_model"):
-        _hf_batch(model, samples)  # extra_hf_inputs: the collators' check
-    hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", attn_implementation="sdpa")(samples)
+        _hf_batch(model, samples)  # the collator refuses at the first call
+    model.config.output_router_logits = False
+    hf = _hf_batch(model, samples)  # built without router statistics, then asked for them
+    model.config.output_router_logits = True
+    assert "padding_mask" not in hf
     with pytest.raises(Exception, match="shape|size|view"):  # what transformers does with the 4-D mask
         model(**hf)
     from seqpack.hf import install_packing_guard

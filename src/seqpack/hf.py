@@ -260,14 +260,13 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
             f"cu_seqlens_padded, and a 2-D mask next to packed positions cross-attends (B01). {_FIX}"
         )
     _refuse_image_row_without_pixels(model, batch, kwargs)
-    inputs = hf_inputs(model, batch)
     kwargs.setdefault("use_cache", False)
     want_router = kwargs.get("output_router_logits")
     if want_router is None:
         want_router = bool(getattr(model.config, "output_router_logits", False))
-    if want_router:
-        prepare_model(model)
-        inputs["padding_mask"] = as_batch(batch)["padding_mask"].to(inputs["input_ids"].device)
+    if want_router or getattr(model.config, "output_router_logits", False):
+        prepare_model(model)  # hf_inputs then carries padding_mask, which the router hook pops
+    inputs = hf_inputs(model, batch)
     # the loss is ours, not HF's ForCausalLMLoss: its mean over 0 targets is NaN (0/0)
     inputs.pop("labels", None)
     shift = inputs.pop("shift_labels", None)

@@ -10,10 +10,11 @@ import pytest
 import torch
 from _models import random_samples
 
-from seqpack.adapters import gather_real, to_hf_inputs
+from seqpack.adapters import gather_real
+from seqpack.adapters.hf_forward import model_attention_inputs
 from seqpack.adapters.architecture import (STATE_LAYER_KINDS, STATE_MODEL_TYPES, PackingUnsupportedError,
                                            check_model_type, check_packed_support, packed_support_problem)
-from seqpack.collate import InBatchPackingCollator
+from seqpack.collate import InBatchPackingCollator, PackedCollator
 from seqpack.hf import hf_inputs, packed_forward
 
 transformers = pytest.importorskip("transformers")
@@ -46,6 +47,13 @@ STATE_MODELS = {
 NO_ATTENTION = {"mamba", "mamba2"}
 
 
+def batch_row(samples):
+    """One PackedSequence of ``samples`` (the offline / streaming row)."""
+    from seqpack.packed.build import build_packed_sequence
+
+    return build_packed_sequence(samples, pad_to_multiple_of=4, pad_token_id=0)
+
+
 def _tiny(model_type, **kw):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -62,8 +70,10 @@ def test_state_carrying_models_are_refused_and_would_leak(model_type):
     model = _tiny(model_type, **extra, initializer_range=0.2)  # larger weights: the leak shows in the logits
     samples = random_samples((9, 7), vocab=V, seed=0)
     batch = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(samples)
+    hf_coll = InBatchPackingCollator(pad_token_id=0, format="hf", config=model.config)
     for call in (lambda: packed_forward(model, batch), lambda: hf_inputs(model, batch),
-                 lambda: check_packed_support(model.config)):
+                 lambda: check_packed_support(model.config), lambda: hf_coll(samples),
+                 lambda: PackedCollator(format="hf", config=model.config)([batch_row(samples)])):
         with pytest.raises(PackingUnsupportedError) as e:
             call()
         assert (e.value.model_type, e.value.layer_kind) == (model_type, kind)
@@ -72,10 +82,9 @@ def test_state_carrying_models_are_refused_and_would_leak(model_type):
         assert "seqpack.collate.PaddedCollator" in msg and "packing='none'" in msg
     # the refusal is needed: run anyway (the attention inputs alone), the second segment starts from the
     # first one's state
-    inputs = to_hf_inputs(batch, model.config._attn_implementation)
-    inputs.pop("labels"), inputs.pop("shift_labels")
-    if model_type in NO_ATTENTION:
-        inputs = {"input_ids": inputs["input_ids"]}
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    if model_type not in NO_ATTENTION:
+        inputs.update(model_attention_inputs(batch, model.config))
     with torch.no_grad():
         got = gather_real(model(**inputs, use_cache=False).logits, batch["padding_mask"])
         alone = torch.cat([model(torch.as_tensor(s.input_ids[None]).long(), use_cache=False).logits[0]
@@ -103,9 +112,8 @@ def test_bloom_refused_by_name():
     with pytest.raises(PackingUnsupportedError, match="ALiBi bias is built from a 2-D attention_mask") as e:
         packed_forward(model, batch)
     assert (e.value.model_type, e.value.layer_kind) == ("bloom", "alibi")
-    inputs = to_hf_inputs(batch, model.config._attn_implementation)
     with pytest.raises(ValueError):  # what transformers does with the 4-D mask
-        model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        model(input_ids=batch["input_ids"], attention_mask=model_attention_inputs(batch, model.config)["attention_mask"])
     from transformers import AutoConfig
 
     assert packed_support_problem(AutoConfig.for_model("falcon")) is None  # rotary by default
