@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import torch
 
-from seqpack.adapters import as_batch, to_hf_inputs
+from seqpack.adapters import to_hf_inputs
 from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support
 from seqpack.collate import PackedCollator
 from seqpack.loss import packed_cross_entropy
