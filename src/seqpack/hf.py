@@ -204,7 +204,6 @@ def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: an attention implementation or pattern seqpack cannot mask exactly (the reason named).
     """
-    check_packed_support(model.config, router_hook=False)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"packed_forward supports attn_implementation in {ATTN_IMPLEMENTATIONS}; model has {impl!r}")
@@ -251,7 +250,6 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         KeyError: the batch lacks boundary arrays.
         ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
     """
-    check_packed_support(model.config, router_hook=False)
     batch = _as_mapping(batch)
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
