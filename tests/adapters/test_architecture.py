@@ -120,6 +120,22 @@ def test_bloom_refused_by_name():
     assert packed_support_problem(AutoConfig.for_model("falcon", alibi=True)).layer_kind == "alibi"
 
 
+def test_cpmant_refused_its_mask_is_its_own():
+    """CPM-Ant ignores attention_mask (it builds its mask from span/context): run anyway, segments leak."""
+    model = _tiny("cpmant", hidden_size=64, dim_ff=64, num_hidden_layers=2, num_attention_heads=4, dim_head=16,
+                  vocab_size=V, prompt_length=4)
+    samples = random_samples((9, 7), vocab=V, seed=0)
+    batch = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(samples)
+    with pytest.raises(PackingUnsupportedError, match="ignores attention_mask") as e:
+        packed_forward(model, batch)
+    assert (e.value.model_type, e.value.layer_kind) == ("cpmant", "own_mask")
+    mask = model_attention_inputs(batch, model.config)["attention_mask"]
+    with torch.no_grad():
+        got = gather_real(model(input_ids=batch["input_ids"], attention_mask=mask).logits, batch["padding_mask"])
+        alone = torch.cat([model(torch.as_tensor(s.input_ids[None]).long()).logits[0] for s in samples])
+    assert (got[9:] - alone[9:]).abs().max().item() > 1e-4
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral", "gemma2", "qwen3_moe", "gpt2"])
 def test_attention_models_are_not_refused(model_type):
     from transformers import AutoConfig
