@@ -35,14 +35,16 @@ from typing import Any, Mapping
 
 import torch
 
-from seqpack.adapters import as_batch, to_hf_inputs
+from seqpack.adapters import to_hf_inputs
+from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support
 from seqpack.collate import PackedCollator
 from seqpack.loss import packed_cross_entropy
-from seqpack.moe import load_balancing_loss
+from seqpack.moe import prepare_model, router_loss_settings
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS
 from seqpack.packed.mrope import mrope_model_config
 
-__all__ = ["PackedAttentionError", "packed_forward", "check_hf_inputs", "install_packing_guard", "hf_inputs"]
+__all__ = ["PackedAttentionError", "PackingUnsupportedError", "packed_forward", "check_hf_inputs",
+           "install_packing_guard", "hf_inputs", "prepare_model", "check_packed_support"]
 
 
 class PackedAttentionError(ValueError):
@@ -129,11 +131,18 @@ def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | Non
 
 def _guard_hook(module, args, kwargs):
     check_hf_inputs(kwargs, attn_implementation=getattr(module.config, "_attn_implementation", None))
+    mask = kwargs.get("attention_mask")
+    if (isinstance(mask, torch.Tensor) and mask.dim() == 4) or isinstance(mask, Mapping) \
+            or kwargs.get("cu_seq_lens_q") is not None:  # a packed batch: the architecture must take it
+        check_packed_support(module.config, output_router_logits=kwargs.get("output_router_logits"))
     return None
 
 
 def install_packing_guard(model: torch.nn.Module):
-    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`).
+    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`), and packed
+    inputs (a 4-D or per-layer mask, ``cu_seq_lens_q``) for an architecture that cannot take them or for
+    router statistics on a model :func:`prepare_model` did not prepare
+    (:func:`seqpack.adapters.architecture.check_packed_support`, ``PackingUnsupportedError``).
 
     Registers a forward pre-hook (``with_kwargs=True``) on ``model``; returns the hook handle
     (``handle.remove()`` undoes it). Useful around third-party trainers and collators.
@@ -261,17 +270,18 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
             loss tokens gives 0 and zero gradients, never NaN); ``num_items_in_batch=`` in kwargs
             replaces ``n``. For global token normalisation across micro-batches use
             ``seqpack.loss`` on ``outputs.logits``.
-        **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's)
-            on an MoE model, the decoder (``model.base_model``) and ``get_output_embeddings()`` run
-            directly and ``aux_loss`` is :func:`seqpack.moe.load_balancing_loss` over real tokens
-            (HF's own aux loss cannot take a 4-D mask); ``loss`` then adds
-            ``router_aux_loss_coef * aux_loss`` as HF does. Models that post-process logits
-            (soft-capping) are not covered by that path.
+        **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's) on
+            an MoE model, the model is prepared with :func:`prepare_model` (once) and runs its own
+            forward; ``aux_loss`` is its ``load_balancing_loss_func`` over real tokens (what transformers
+            gives the same samples as a padded batch) and ``loss`` adds ``router_aux_loss_coef * aux_loss``
+            as the model's forward does.
 
     Returns:
         the model output; ``logits`` is ``[1, T, V]`` (values at padding slots are meaningless).
 
     Raises:
+        PackingUnsupportedError: the architecture cannot run packed rows exactly (state-carrying layers,
+            ALiBi from a 2-D mask; :func:`seqpack.adapters.architecture.check_packed_support`).
         PackedAttentionError: the batch has a 2-D ``attention_mask``.
         KeyError: the batch lacks boundary arrays.
         ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``), or
@@ -287,52 +297,22 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
             f"cu_seqlens_padded, and a 2-D mask next to packed positions cross-attends (B01). {_FIX}"
         )
     _refuse_image_row_without_pixels(model, batch, kwargs)
-    inputs = hf_inputs(model, batch)
-    if not compute_loss:
-        inputs.pop("labels", None)
-        inputs.pop("shift_labels", None)
     kwargs.setdefault("use_cache", False)
     want_router = kwargs.get("output_router_logits")
     if want_router is None:
         want_router = bool(getattr(model.config, "output_router_logits", False))
-    if want_router:
-        return _moe_forward(model, batch, inputs, kwargs)
+    if want_router or getattr(model.config, "output_router_logits", False):
+        prepare_model(model)  # hf_inputs then carries padding_mask, which the router hook pops
+    inputs = hf_inputs(model, batch)
     # the loss is ours, not HF's ForCausalLMLoss: its mean over 0 targets is NaN (0/0)
     inputs.pop("labels", None)
     shift = inputs.pop("shift_labels", None)
     num_items = kwargs.pop("num_items_in_batch", None)
     out = model(**inputs, **kwargs)
-    if shift is not None:
+    if shift is not None and compute_loss:
         ls, n = packed_cross_entropy(out.logits, shift)
         denom = torch.as_tensor(num_items if num_items is not None else n, device=ls.device)
         out.loss = ls / denom.clamp(min=1).to(ls.dtype)
+        if want_router and getattr(out, "aux_loss", None) is not None:
+            out.loss = out.loss + router_loss_settings(model)[3] * out.aux_loss.to(out.loss.device)
     return out
-
-
-def _moe_forward(model, batch, inputs, kwargs):
-    """MoE with router outputs: HF's ``load_balancing_loss_func`` reshapes ``attention_mask`` as a 2-D
-    padding mask (a 4-D mask crashes it; without a mask, under flash, it counts padding). Run the
-    decoder, the output embedding and our padding-aware aux loss instead (same formula)."""
-    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
-
-
-    cfg = model.config
-    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
-    top_k = getattr(cfg, "num_experts_per_tok", None)
-    if not num_experts or not top_k:
-        raise ValueError("output_router_logits=True but the config names no num_experts/num_local_experts "
-                         "and num_experts_per_tok")
-    labels = inputs.pop("labels", None)
-    shift = inputs.pop("shift_labels", None)
-    kw = dict(kwargs)
-    kw["output_router_logits"] = True
-    base_out = model.base_model(**inputs, **kw)
-    logits = model.get_output_embeddings()(base_out.last_hidden_state)
-    pad = as_batch(batch)["padding_mask"].to(logits.device)
-    aux = load_balancing_loss(base_out.router_logits, pad, num_experts, top_k)
-    loss = None
-    if labels is not None:
-        ls, n = packed_cross_entropy(logits, shift)
-        loss = ls / n.clamp(min=1) + getattr(cfg, "router_aux_loss_coef", 0.0) * aux
-    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=logits,
-                                     router_logits=base_out.router_logits)

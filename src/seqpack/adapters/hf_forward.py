@@ -18,6 +18,7 @@ from seqpack.packed.masks import ATTN_IMPLEMENTATIONS, attention_inputs
 from seqpack.packed.mrope import mrope_from_image_tokens, mrope_model_config
 from seqpack.sample import unshift_labels
 
+from .architecture import extra_hf_inputs
 from .attention_pattern import LayerAttention, attention_pattern, slot_position_limit
 from .batch import as_batch
 
@@ -150,6 +151,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
     resolve_attn_implementation(config, attn_implementation, what="to_hf_inputs")
     b = as_batch(batch)
     dev = device if device is not None else b["input_ids"].device
+    extra = extra_hf_inputs(config, b["padding_mask"].to(dev))  # refuses what cannot pack (architecture)
     out: dict[str, Any] = {
         "input_ids": b["input_ids"].to(dev),
         "position_ids": b["position_ids"].to(dev),
@@ -162,6 +164,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
         out["labels"] = unshift_labels(lab, b["cu_seqlens_padded"], final_target="drop").to(dev)
         out["shift_labels"] = lab.to(dev)
     out.update(model_attention_inputs(b, config, attn_implementation, mask_dtype=mask_dtype, device=dev))
+    out.update(extra)
     for k in MEDIA_KEYS:  # VLM inputs travel as they are (segment order)
         if batch.get(k) is not None:
             out[k] = batch[k].to(dev) if isinstance(batch[k], torch.Tensor) else batch[k]
