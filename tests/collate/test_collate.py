@@ -237,12 +237,16 @@ def test_media_concatenated_in_segment_order():
     b = InBatchPackingCollator(pad_token_id=0)(s)
     assert b["pixel_values"].shape == (12, 6) and b["pixel_values"][:4].eq(1).all() and b["pixel_values"][4:].eq(3).all()
     assert b["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
-    # no M-RoPE table and no way to compute one: the hf format refuses rather than use text positions
-    with pytest.raises(ValueError, match="mrope_position_ids"):
+    # a text model given image rows is refused by name
+    with pytest.raises(ValueError, match="'llama' has no vision tower"):
         InBatchPackingCollator(pad_token_id=0, format="hf", config=_config(), attn_implementation="sdpa")(s)
+    from transformers import Qwen2VLConfig
+
+    vl = Qwen2VLConfig()
+    vl.text_config.num_hidden_layers = 2
     s[0].media["mrope_position_ids"] = np.array([[0, 1, 1, 2], [0, 1, 2, 3], [0, 2, 1, 3]])
     s[2].media["mrope_position_ids"] = np.array([[0, 1, 1, 1, 2], [0, 1, 1, 2, 3], [0, 1, 2, 1, 3]])
-    hf = InBatchPackingCollator(pad_token_id=0, format="hf", config=_config(), attn_implementation="sdpa")(s)
+    hf = InBatchPackingCollator(pad_token_id=0, format="hf", config=vl, attn_implementation="sdpa")(s)
     assert torch.equal(hf["image_grid_thw"], b["image_grid_thw"])
     assert hf["position_ids"].shape == (3, 1, 12)
     assert hf["position_ids"][:, 0, :4].tolist() == s[0].media["mrope_position_ids"].tolist()
