@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from seqpack.data import TokenizerError, load_tokenizer
 from seqpack.interop.megatron_bridge import (
     BRIDGE_COLUMNS,
     BRIDGE_EXTRA_COLUMNS,
@@ -56,9 +57,6 @@ def _tokenizer_eos(name: Any) -> int | None:
     """EOS id of the tokenizer a dataset was packed with, when it loads offline (else None)."""
     if not name:
         return None
-    from seqpack.data import load_tokenizer  # deferred: transformers
-    from seqpack.data.tokenizer import TokenizerError
-
     try:
         eos = load_tokenizer(str(name), require_chat_template=False).eos_token_id
     except TokenizerError:
