@@ -24,6 +24,7 @@ from seqpack.interop import (
 from seqpack.packed import build_packed_sequence
 
 PAD = 7
+EOS = 999_999  # Bridge's eos_id in the layout tests: no token of theirs is EOS
 
 
 def make_sample(sid: str, ids, trainable, final_target=None) -> Sample:
@@ -100,7 +101,7 @@ def test_B12_a_runtime_length_divisible_stored_keeps_plus_one(tmp_path):
     """(a) pad_seq_to_mult 8, stored item of 17 ids: runtime 16 is divisible, stored stays 17 (not 25)."""
     s = make_sample("a:0", np.arange(100, 116), [False] * 4 + [True] * 12)
     pack = build_packed_sequence([s], pad_to_multiple_of=8, pad_token_id=PAD, seq_length=32)
-    res = export_megatron_bridge([pack], tmp_path / "bridge", pack_size=32, pad_to_multiple_of=8, pad_token_id=PAD)
+    res = export_megatron_bridge([pack], tmp_path / "bridge", pack_size=32, pad_to_multiple_of=8, pad_token_id=PAD, eos_token_id=EOS)
     t = pq.read_table(res.files[0])
     ids = t.column("input_ids")[0].as_py()
     assert len(ids) == 17  # the buggy path rounded 17 up to 24 and stored 25
@@ -120,7 +121,7 @@ def test_B12_b_long_context_cap_and_final_target(tmp_path):
     s = make_sample("long:0", ids, np.ones(L, bool), final_target=424242)
     assert s.labels[-1] == 424242
     pack = build_packed_sequence([s], pad_to_multiple_of=16, pad_token_id=PAD, seq_length=L)
-    res = export_megatron_bridge([pack], tmp_path / "b", pack_size=L, pad_to_multiple_of=16, pad_token_id=PAD)
+    res = export_megatron_bridge([pack], tmp_path / "b", pack_size=L, pad_to_multiple_of=16, pad_token_id=PAD, eos_token_id=EOS)
     t = pq.read_table(res.files[0])
     stored = np.asarray(t.column("input_ids")[0].as_py())
     lm = np.asarray(t.column("loss_mask")[0].as_py())
@@ -139,7 +140,7 @@ def test_bridge_export_dir_roundtrip_and_metadata(tmp_path):
     for k in range(5):
         ss = [make_sample(f"x:{k}-{i}", rng.integers(0, 1000, L), rng.random(L) > 0.3) for i, L in enumerate([5, 9, 3])]
         pks.append(build_packed_sequence(ss, pad_to_multiple_of=4, pad_token_id=PAD, seq_length=32))
-    res = export_megatron_bridge(pks, tmp_path / "out", pack_size=32, pad_to_multiple_of=4, pad_token_id=PAD, rows_per_file=2)
+    res = export_megatron_bridge(pks, tmp_path / "out", pack_size=32, pad_to_multiple_of=4, pad_token_id=PAD, eos_token_id=EOS, rows_per_file=2)
     assert [f.name for f in res.files] == ["shard_00000.idx.parquet", "shard_00001.idx.parquet", "shard_00002.idx.parquet"]
     # runtime lengths: 8 + 12 + 4 = 24 per pack
     assert res.metadata == {
@@ -151,7 +152,7 @@ def test_bridge_export_dir_roundtrip_and_metadata(tmp_path):
     for a, b in zip(back, pks):
         assert_same_pack(a, b)
     with pytest.raises(FileExistsError):
-        export_megatron_bridge(pks, tmp_path / "out", pack_size=32, pad_token_id=PAD)
+        export_megatron_bridge(pks, tmp_path / "out", pack_size=32, pad_token_id=PAD, eos_token_id=EOS)
 
 
 def test_bridge_import_foreign_file_without_extra_columns(tmp_path):

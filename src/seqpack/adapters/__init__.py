@@ -1,6 +1,6 @@
 """Views of a packed THD row for the frameworks that consume it (``packed-batch-spec.md``, Conversions).
 
-- :func:`to_megatron` -- Megatron-Core ``PackedSeqParams`` fields + ``[1, T]`` tensors (no megatron import).
+- :func:`to_megatron` -- Megatron-Core ``PackedSeqParams`` (megatron-core's own class when installed) + ``[1, T]`` tensors.
 - :func:`flash_attn_kwargs` -- HF / flash-attn varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``).
 - :func:`flex_block_mask` -- FlexAttention ``BlockMask`` (same segment, causal, padding excluded).
 - :func:`dense_block_causal_mask`, :func:`sdpa_mask`, :func:`additive_mask` -- dense masks.

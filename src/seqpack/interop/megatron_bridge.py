@@ -21,6 +21,7 @@ __all__ = [
     "BRIDGE_METADATA_FILE",
     "BRIDGE_EXTRA_COLUMNS",
     "to_bridge_row",
+    "bridge_real_length",
     "from_bridge_row",
     "bridge_pack_metadata",
 ]
@@ -33,18 +34,34 @@ BRIDGE_METADATA_FILE = "packing_metadata.json"
 BRIDGE_EXTRA_COLUMNS = ("seq_lens", "total_length", "sample_ids", "pad_token_id")
 
 
-def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | None = None) -> dict[str, Any]:
+def to_bridge_row(
+    pack: Any,
+    *,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None = None,
+    eos_token_id: int | None = None,
+    trailing_eos: str = "refuse",
+) -> dict[str, Any]:
     """Convert one seqpack pack into one Megatron-Bridge packed row (see the module docstring).
 
     Args:
         pack: a :class:`~seqpack.packed.PackedSequence` (or duck-typed: ``input_ids``, ``labels``,
             ``cu_seqlens``, ``cu_seqlens_padded``, ``sample_ids``).
-        pad_token_id: id written into alignment padding and into the stored slot after a segment's last
-            real token when it has no final target.
+        pad_token_id: seqpack's pad id, stored in the ``pad_token_id`` column (the importer writes it back
+            into padding slots); also the padding id when ``eos_token_id`` is None.
         pad_to_multiple_of: the effective per-segment multiple the pack was built with
-            (``metadata.effective_pad_multiple``); sets how much of the last segment's physical length is
-            alignment padding (kept) rather than row tail (dropped). Default: the pack's own
-            ``extra["pad_to_multiple_of"]`` (set by ``build_packed_sequence``), else 1.
+            (``metadata.effective_pad_multiple``, = Bridge's ``pad_seq_to_mult``); sets how much of the last
+            segment's physical length is alignment padding (kept) rather than row tail (dropped). Default:
+            the pack's own ``extra["pad_to_multiple_of"]`` (set by ``build_packed_sequence``), else 1.
+        eos_token_id: the id of Bridge's ``tokenizer.eos_id``. Given, padding is written as EOS and the row
+            is checked against Bridge's collate (:func:`bridge_real_length`): it must recover every
+            segment's real length and trained labels exactly, else ``ValueError``. ``None``: layout only
+            (seqpack's own round trip; :func:`~seqpack.interop.export_megatron_bridge` always passes it).
+        trailing_eos: a segment whose last real input tokens are EOS with no target (e.g. Llama 3's
+            ``<|eot_id|>`` at the end of a chat), when ``pad_to_multiple_of > 1``: Bridge counts real
+            tokens up to the last non-EOS one. ``"refuse"`` raises; ``"as_final_target"`` declares the
+            segment that much shorter in ``seq_lens`` (stored ids unchanged: the EOS is then the final
+            target of the token before it; same trained labels, and no trained position attends it).
 
     Returns:
         dict with ``input_ids`` int32 [sum(P_i + 1)], ``loss_mask`` uint8 [same], ``seq_start_id`` int32
@@ -53,8 +70,11 @@ def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | Non
 
     Raises:
         ValueError: a label inside a segment is neither -100 nor the next token (not representable:
-            Bridge derives every label from the next stored id), naming the sample and slot.
+            Bridge derives every label from the next stored id), naming the sample and slot; with
+            ``eos_token_id``, a segment Bridge's collate would read differently (:func:`bridge_real_length`).
     """
+    if trailing_eos not in ("refuse", "as_final_target"):
+        raise ValueError(f"trailing_eos must be 'refuse' or 'as_final_target', got {trailing_eos!r}")
     if pad_to_multiple_of is None:
         pad_to_multiple_of = int((getattr(pack, "extra", None) or {}).get("pad_to_multiple_of") or 1)
     ids = np.asarray(pack.input_ids, dtype=np.int64)
@@ -68,7 +88,9 @@ def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | Non
     if n:
         runtime[-1] = min(int(phys[-1]), int(round_up(int(real[-1]), int(pad_to_multiple_of))))
     stored_total = int(runtime.sum()) + n
-    out_ids = np.full(stored_total, int(pad_token_id), dtype=np.int64)
+    fill = int(pad_token_id if eos_token_id is None else eos_token_id)
+    out_ids = np.full(stored_total, fill, dtype=np.int64)
+    declared = real.copy()
     out_mask = np.zeros(stored_total, dtype=np.uint8)
     starts = np.zeros(n, dtype=np.int64)
     pos = 0
@@ -87,6 +109,10 @@ def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | Non
                     f"{int(seg_ids[t + 1])}; Megatron-Bridge derives labels from the next stored id, so this "
                     "pack cannot be exported (the pack violates packed-batch-spec invariant 7; validate() it)."
                 )
+        if eos_token_id is not None:
+            declared[i] = bridge_real_length(
+                seg_ids, seg_lab, int(runtime[i]), int(eos_token_id), int(pad_to_multiple_of), sample_ids[i], trailing_eos
+            )
         starts[i] = pos
         out_ids[pos : pos + L] = seg_ids
         out_mask[pos : pos + L] = seg_lab != IGNORE_INDEX
@@ -99,12 +125,68 @@ def to_bridge_row(pack: Any, *, pad_token_id: int, pad_to_multiple_of: int | Non
         "input_ids": out_ids.astype(np.int32),
         "loss_mask": out_mask,
         "seq_start_id": starts.astype(np.int32),
-        "seq_lens": real.astype(np.int32),
+        "seq_lens": declared.astype(np.int32),
         "total_length": T,
         "sample_ids": sample_ids,
         "pad_token_id": int(pad_token_id),
         "runtime_lens": runtime.astype(np.int64),
     }
+
+
+def bridge_real_length(ids, labels, runtime_len: int, eos_token_id: int, pad_seq_to_mult: int, sample_id: str,
+                       trailing_eos: str = "refuse") -> int:
+    """The real length Megatron-Bridge's packed collate (``GPTSFTPackedDataset.collate_fn``) will see for one
+    segment stored by :func:`to_bridge_row` with EOS padding, checked to train exactly as seqpack's.
+
+    Bridge's rules (0.6): a position whose input token is EOS never has loss (``loss_mask[tokens == eos_id]
+    = 0``); with ``pad_seq_to_mult > 1`` a segment's logical length ends at its last non-EOS runtime
+    token; with ``pad_seq_to_mult == 1`` it is the runtime length (exact for any tokens).
+
+    Args:
+        ids, labels: the segment's real tokens and shifted labels (int [L]).
+        runtime_len: its runtime length (stored - 1, padding included).
+        eos_token_id: Bridge's ``tokenizer.eos_id``; pad_seq_to_mult: Bridge's setting (= the pack multiple).
+        sample_id: named in errors. trailing_eos: as :func:`to_bridge_row`.
+
+    Returns:
+        the real length to declare (``L``, or shorter with ``trailing_eos="as_final_target"``).
+
+    Raises:
+        ValueError: Bridge would drop a trained label (its input is EOS), count the final target of a
+            padded segment as a real token (it is not EOS), or stop short at a trailing EOS input; the
+            message names the sample, the slot and what to do instead.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    lab = np.asarray(labels, dtype=np.int64)
+    L, eos = int(ids.shape[0]), int(eos_token_id)
+    bad = np.flatnonzero((ids == eos) & (lab != IGNORE_INDEX))
+    if bad.size:
+        raise ValueError(
+            f"sample {sample_id!r}: slot {int(bad[0])} has input EOS ({eos}) and a trained label; Megatron-Bridge's "
+            "packed collate zeroes the loss wherever the input token is EOS, so this label would silently not "
+            "train. Train on other tokens (train_on) or export for a trainer without this rule."
+        )
+    if pad_seq_to_mult <= 1:
+        return L
+    if runtime_len > L and lab[-1] != IGNORE_INDEX and lab[-1] != eos:
+        raise ValueError(
+            f"sample {sample_id!r}: its final target {int(lab[-1])} is stored as the runtime token after its last real "
+            f"token; it is not EOS ({eos}), so Megatron-Bridge (pad_seq_to_mult={pad_seq_to_mult}) counts it as real. "
+            "Pack with pad_to_multiple_of=1 and set Bridge's pad_seq_to_mult=1 (lengths then come from seq_start_id)."
+        )
+    keep = L
+    while keep > 0 and ids[keep - 1] == eos:
+        keep -= 1
+    if keep == L:
+        return L
+    if trailing_eos == "as_final_target" and keep > 0:
+        return keep  # the EOS inputs have no target (checked above): the same trained labels
+    raise ValueError(
+        f"sample {sample_id!r} ends with {L - keep} EOS input token(s) ({eos}); Megatron-Bridge "
+        f"(pad_seq_to_mult={pad_seq_to_mult}) counts real tokens up to the last non-EOS one, so it would see "
+        f"{keep} of {L}. Pass trailing_eos='as_final_target' (declares {keep}; same trained labels), or pack with "
+        "pad_to_multiple_of=1 and set Bridge's pad_seq_to_mult=1 (exact for any tokens)."
+    )
 
 
 def from_bridge_row(

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from seqpack.data import TokenizerError, load_tokenizer
 from seqpack.interop.megatron_bridge import (
     BRIDGE_COLUMNS,
     BRIDGE_EXTRA_COLUMNS,
@@ -52,7 +53,18 @@ class BridgeExport:
     num_segments: int = 0
 
 
-def _resolve_source(source: Any, pack_size, pad_to_multiple_of, pad_token_id):
+def _tokenizer_eos(name: Any) -> int | None:
+    """EOS id of the tokenizer a dataset was packed with, when it loads offline (else None)."""
+    if not name:
+        return None
+    try:
+        eos = load_tokenizer(str(name), require_chat_template=False).eos_token_id
+    except TokenizerError:
+        return None
+    return None if eos is None else int(eos)
+
+
+def _resolve_source(source: Any, pack_size, pad_to_multiple_of, pad_token_id, eos_token_id):
     """Accept a seqpack dataset dir, a PackedDataset, or an iterable of packs; fill defaults from metadata."""
     meta = None
     if isinstance(source, (str, os.PathLike)):
@@ -64,13 +76,17 @@ def _resolve_source(source: Any, pack_size, pad_to_multiple_of, pad_token_id):
         pack_size = pack_size if pack_size is not None else meta.seq_length
         pad_to_multiple_of = pad_to_multiple_of if pad_to_multiple_of is not None else meta.effective_pad_multiple
         pad_token_id = pad_token_id if pad_token_id is not None else meta.pad_token_id
-    missing = [k for k, v in (("pack_size", pack_size), ("pad_token_id", pad_token_id)) if v is None]
+        eos_token_id = eos_token_id if eos_token_id is not None else _tokenizer_eos(meta.tokenizer)
+    named = (("pack_size", pack_size), ("pad_token_id", pad_token_id), ("eos_token_id", eos_token_id))
+    missing = [k for k, v in named if v is None]
     if missing:
         raise ValueError(
-            f"export_megatron_bridge: {missing} unknown; pass them explicitly (they are read from "
-            "metadata.json when exporting a seqpack dataset directory)"
+            f"export_megatron_bridge: {missing} unknown; pass them explicitly (eos_token_id = the eos_id of the "
+            "tokenizer Megatron-Bridge is configured with; the others are read from metadata.json, and "
+            "eos_token_id from its tokenizer when that loads offline, when exporting a seqpack dataset)"
         )
-    return source, int(pack_size), (int(pad_to_multiple_of) if pad_to_multiple_of else None), int(pad_token_id)
+    mult = int(pad_to_multiple_of) if pad_to_multiple_of else None
+    return source, int(pack_size), mult, int(pad_token_id), int(eos_token_id)
 
 
 def export_megatron_bridge(
@@ -80,6 +96,8 @@ def export_megatron_bridge(
     pack_size: int | None = None,
     pad_to_multiple_of: int | None = None,
     pad_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    trailing_eos: str = "refuse",
     rows_per_file: int = 2048,
     row_group_size: int = 500,
     file_prefix: str = "shard",
@@ -100,8 +118,14 @@ def export_megatron_bridge(
             ``pad_token_id``.
         output_dir: target directory (must not exist unless ``overwrite``).
         pack_size: runtime pack size in tokens (Bridge ``packed_sequence_size``).
-        pad_to_multiple_of: effective per-segment multiple (Bridge ``pad_seq_to_mult``).
-        pad_token_id: id for alignment padding (use the tokenizer's EOS id to match Bridge).
+        pad_to_multiple_of: effective per-segment multiple; set Bridge's ``pad_seq_to_mult`` to exactly this.
+        pad_token_id: seqpack's pad id (restored by :func:`read_megatron_bridge`).
+        eos_token_id: Bridge's ``tokenizer.eos_id``: padding is stored as EOS, and every pack is checked
+            to give Bridge's collate the same real lengths and trained labels
+            (:func:`~seqpack.interop.megatron_bridge.bridge_real_length`). Default: the dataset
+            tokenizer's EOS when it loads offline.
+        trailing_eos: ``"refuse"`` or ``"as_final_target"`` (see
+            :func:`~seqpack.interop.megatron_bridge.to_bridge_row`).
         rows_per_file: packs per Parquet file.
         row_group_size: packs per row group (Bridge's reader caches one row group at a time).
 
@@ -113,7 +137,8 @@ def export_megatron_bridge(
         ValueError: missing settings, an unrepresentable pack (:func:`to_bridge_row`), or no packs.
     """
     pa, pq = _pa()
-    source, pack_size, mult, pad_id = _resolve_source(source, pack_size, pad_to_multiple_of, pad_token_id)
+    source, pack_size, mult, pad_id, eos_id = _resolve_source(source, pack_size, pad_to_multiple_of, pad_token_id,
+                                                              eos_token_id)
     if rows_per_file < 1:
         raise ValueError("rows_per_file must be >= 1")
     out = Path(output_dir)
@@ -160,7 +185,8 @@ def export_megatron_bridge(
 
     try:
         for pack in source:
-            row = to_bridge_row(pack, pad_token_id=pad_id, pad_to_multiple_of=mult)
+            row = to_bridge_row(pack, pad_token_id=pad_id, pad_to_multiple_of=mult, eos_token_id=eos_id,
+                                trailing_eos=trailing_eos)
             rt = row.pop("runtime_lens")
             if int(rt.sum()) > pack_size:
                 raise ValueError(
