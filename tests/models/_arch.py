@@ -110,6 +110,14 @@ def _per_layer_lists(d: dict, n_layers: int) -> list[str]:
             and all(isinstance(x, (str, int, float, bool)) or x is None for x in v)]
 
 
+def _per_layer_dict(d: dict) -> dict[int, Any] | None:
+    """``per_layer_config`` (layer index as a string -> overrides of that layer) keyed by int, or None."""
+    v = d.get("per_layer_config")
+    if not isinstance(v, dict) or not v or not all(str(k).isdigit() for k in v):
+        return None
+    return {int(k): x for k, x in v.items()}
+
+
 def _shrink(d: dict, *, top: bool) -> dict:
     """The changed keys of one (sub-)config dict (see module docstring)."""
     out: dict[str, Any] = {}
@@ -149,15 +157,18 @@ def _shrink(d: dict, *, top: bool) -> dict:
             out[k] = SEQ_LENGTH
         elif k in _SMALL_DIM_KEYS:
             out[k] = min(v, _SMALL_DIM_KEYS[k])
-        elif k == "vocab_size" or k.endswith("vocab_size"):
+        elif "vocab_size" in k and v > VOCAB:
             out[k] = VOCAB
+        elif k == "hidden_size_per_layer_input" and v > HEAD_DIM:
+            out[k] = HEAD_DIM
     # per-layer lists: keep the first layer of every distinct combination of layer kinds
     if n_layers:
         lists = _per_layer_lists(d, n_layers)
-        if lists:
+        per_layer = _per_layer_dict(d)
+        if lists or per_layer:
             seen, keep = set(), []
             for i in range(n_layers):
-                combo = tuple(str(d[k][i]) for k in lists)
+                combo = tuple(str(d[k][i]) for k in lists) + (str((per_layer or {}).get(i)),)
                 if combo not in seen:
                     seen.add(combo)
                     keep.append(i)
@@ -166,12 +177,25 @@ def _shrink(d: dict, *, top: bool) -> dict:
                 keep = [0, 1]
             for k in lists:
                 out[k] = [d[k][i] for i in keep]
+            if per_layer:
+                width = len(next(iter(d["per_layer_config"])))
+                out["per_layer_config"] = {str(j).zfill(width): {**per_layer[i], **_shrink(per_layer[i], top=False)}
+                                           for j, i in enumerate(keep) if i in per_layer}
             new_layers = len(keep)
         else:
             new_layers = min(n_layers, 2)
         for k in _LAYER_KEYS:
             if isinstance(d.get(k), int):
                 out[k] = new_layers
+    # Mamba mixers: heads * head dim must equal expand * hidden size
+    expand = d.get("mamba_expand", d.get("expand"))
+    if isinstance(expand, int) and any(k.startswith("mamba") for k in d) or d.get("model_type") == "mamba2":
+        inner = int(expand or 2) * HIDDEN
+        for k in ("mamba_n_heads", "mamba_num_heads") + (("num_heads",) if d.get("model_type") == "mamba2" else ()):
+            if k in d:
+                out[k] = inner // HEAD_DIM
+        if "mamba_d_ssm" in d:
+            out["mamba_d_ssm"] = inner
     if top or "vocab_size" in d:
         vocab = VOCAB
         for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id")):
@@ -393,7 +417,7 @@ def run_paths(model, samples, rows) -> dict[str, dict[str, Any]]:
         try:
             results[name] = fn()
         except Exception as e:  # recorded, the test fails on it
-            results[name] = {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            results[name] = {"ok": False, "error": f"{_msg(e, 300)}"}
 
     def hf_path():
         thd = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=PAD_MULTIPLE)(samples)
@@ -439,6 +463,33 @@ def _refusal(cfg) -> str | None:
     return None
 
 
+def _refused_paths(cfg, samples) -> dict[str, dict[str, Any]]:
+    """For a refused config: does the first packed call refuse too? ``{"forward": {"ok": bool, "error"}}``
+    when the model builds (``ok`` = ``packed_forward`` raised ``PackingUnsupportedError``), else ``{}``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.adapters.architecture import PackingUnsupportedError
+    from seqpack.collate import InBatchPackingCollator
+    from seqpack.hf import packed_forward
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(cfg).float().train()
+    except Exception:
+        return {}
+    thd = InBatchPackingCollator(pad_token_id=0)([_mod_sample(s) for s in samples])
+    try:
+        packed_forward(model, thd)
+    except PackingUnsupportedError as e:
+        return {"forward": {"ok": True, "error": str(e).splitlines()[0][:200]}}
+    except Exception as e:
+        return {"forward": {"ok": False, "error": f"{type(e).__name__} instead of PackingUnsupportedError: {e}"[:300]}}
+    return {"forward": {"ok": False, "error": "packed_forward ran a refused model without raising"}}
+
+
 def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
     """Build one model type tiny and run it through every path (module docstring)."""
     import torch
@@ -451,7 +502,7 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
             warnings.simplefilter("ignore")
             cfg = tiny_config(model_type)
     except Exception as e:
-        o.reason = f"tiny config does not build: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        o.reason = f"tiny config does not build: {_msg(e, 200)}"
         return _done(o, t0)
     o.layer_kinds = layer_kinds(cfg)
     skip = _skip_reason(model_type, arch, cfg)
@@ -461,6 +512,7 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
     refused = _refusal(cfg)
     if refused:
         o.status, o.reason = "refused", refused
+        o.paths = _refused_paths(cfg, samples)
         return _done(o, t0)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
@@ -470,14 +522,14 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
             # the plain model must run a sample alone; otherwise it is no candidate for the matrix
             model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6]]))
     except Exception as e:
-        o.reason = f"does not build/run offline from a tiny config: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        o.reason = f"{_default_builds(model_type)}: {_msg(e, 200)}"
         return _done(o, t0)
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             reference(model, [_mod_sample(s) for s in samples])
         except Exception as e:
-            o.reason = f"transformers' own per-sample forward fails: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            o.reason = f"transformers' own per-sample forward fails: {_msg(e, 200)}"
             return _done(o, t0)
         o.paths = run_paths(model, samples, rows)
     bad = [p for p, r in o.paths.items() if not r["ok"]]
@@ -485,6 +537,27 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
     if bad:
         o.reason = "; ".join(f"{p}: {o.paths[p].get('error') or _fmt(o.paths[p])}" for p in bad)
     return _done(o, t0)
+
+
+def _default_builds(model_type: str) -> str:
+    """Whether the unshrunk default config builds a model (on the meta device: no memory, no weights), to
+    tell a transformers default that does not build from a tiny config the shrinking broke."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type))
+    except Exception as e:
+        return f"the default config does not build a model ({_msg(e, 120)})"
+    return "the tiny config does not build/run"
+
+
+def _msg(e: BaseException, n: int) -> str:
+    """``"Type: first line of the message"`` cut at ``n`` characters."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:n] if lines else ''}"
 
 
 def _fmt(r: dict) -> str:
