@@ -107,7 +107,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {}
 
 def _per_layer_lists(d: dict, n_layers: int) -> list[str]:
     return [k for k, v in d.items() if isinstance(v, list) and len(v) == n_layers and n_layers > 1
-            and all(isinstance(x, (str, int, float, bool)) or x is None for x in v)]
+            and all(isinstance(x, (str, int, float, bool)) or x is None for x in v)
+            and not (any(t in k for t in _INDEX_LIST) and v == list(range(n_layers)))]
+
+
+_INDEX_LIST = ("idx", "indices", "layers", "layer_ids")
+
+
+def _layer_index_lists(d: dict, n_layers: int, per_layer: list[str]) -> list[str]:
+    """Keys holding layer indices (``full_attn_idxs``, ``mlp_only_layers``, ``attn_layer_indices``, ...)."""
+    return [k for k, v in d.items() if k not in per_layer and isinstance(v, list) and v
+            and any(t in k for t in _INDEX_LIST)
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n_layers for x in v)]
 
 
 def _per_layer_dict(d: dict) -> dict[int, Any] | None:
@@ -165,10 +176,12 @@ def _shrink(d: dict, *, top: bool) -> dict:
     if n_layers:
         lists = _per_layer_lists(d, n_layers)
         per_layer = _per_layer_dict(d)
-        if lists or per_layer:
+        index_lists = _layer_index_lists(d, n_layers, lists)
+        if lists or per_layer or index_lists:
             seen, keep = set(), []
             for i in range(n_layers):
-                combo = tuple(str(d[k][i]) for k in lists) + (str((per_layer or {}).get(i)),)
+                combo = tuple(str(d[k][i]) for k in lists) + (str((per_layer or {}).get(i)),) \
+                    + tuple(i in d[k] for k in index_lists)
                 if combo not in seen:
                     seen.add(combo)
                     keep.append(i)
@@ -177,6 +190,8 @@ def _shrink(d: dict, *, top: bool) -> dict:
                 keep = [0, 1]
             for k in lists:
                 out[k] = [d[k][i] for i in keep]
+            for k in index_lists:
+                out[k] = [j for j, i in enumerate(keep) if i in d[k]]
             if per_layer:
                 width = len(next(iter(d["per_layer_config"])))
                 out["per_layer_config"] = {str(j).zfill(width): {**per_layer[i], **_shrink(per_layer[i], top=False)}
@@ -187,6 +202,10 @@ def _shrink(d: dict, *, top: bool) -> dict:
         for k in _LAYER_KEYS:
             if isinstance(d.get(k), int):
                 out[k] = new_layers
+    # periodic layer kinds (Jamba's attn_layer_period/offset, expert_layer_period/offset): one of each in 2 layers
+    for k, v in d.items():
+        if k.endswith("_layer_period") and isinstance(v, int) and v > 2 and f"{k[:-7]}_offset" in d:
+            out[k], out[f"{k[:-7]}_offset"] = 2, 1
     # Mamba mixers: heads * head dim must equal expand * hidden size
     expand = d.get("mamba_expand", d.get("expand"))
     if isinstance(expand, int) and any(k.startswith("mamba") for k in d) or d.get("model_type") == "mamba2":
@@ -239,6 +258,7 @@ class Outcome:
     status: str  # "exact" | "refused" | "skipped" | "mismatch"
     reason: str = ""
     layer_kinds: list[str] = field(default_factory=list)
+    kinds_lost: list[str] = field(default_factory=list)  # layer kinds of the default the tiny config lacks
     paths: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> {"ok", "logits", "grads", "error"}
     seconds: float = 0.0
 
@@ -265,6 +285,20 @@ def _skip_reason(model_type: str, arch: str, cfg) -> str | None:
     if getattr(cfg, "auto_map", None):
         return "needs remote code (auto_map)"
     return None
+
+
+def _kinds_lost(model_type: str, cfg) -> list[str]:
+    """Layer kinds of the default config missing from the tiny one, and a window/chunk the tiny config did
+    not shrink below the samples (the shrinking must keep what the matrix is about)."""
+    from transformers import AutoConfig
+
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        default = layer_kinds(AutoConfig.for_model(model_type))
+    tiny = layer_kinds(cfg)
+    lost = [k for k in default if "=" not in k and k not in tiny]
+    lost += [k for k in tiny if "=" in k and int(k.split("=")[1]) > WINDOW]
+    return lost
 
 
 def layer_kinds(cfg) -> list[str]:
@@ -505,6 +539,7 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
         o.reason = f"tiny config does not build: {_msg(e, 200)}"
         return _done(o, t0)
     o.layer_kinds = layer_kinds(cfg)
+    o.kinds_lost = _kinds_lost(model_type, cfg)
     skip = _skip_reason(model_type, arch, cfg)
     if skip:
         o.reason = skip

@@ -55,6 +55,7 @@ def test_architecture(outcomes, model_type):
     if o.status == "skipped":
         assert o.reason
         pytest.skip(o.reason)
+    assert not o.kinds_lost, f"the tiny config lost layer kinds of the default: {o.kinds_lost}"
     if o.status == "mismatch":
         pytest.fail(f"{model_type} ({o.architecture}): {o.reason}", pytrace=False)
     if o.status == "refused":
