@@ -129,6 +129,6 @@ def test_packed_equals_one_by_one(real_samples, name, impl):
     with torch.no_grad():
         padded = PaddedCollator(pad_token_id=0, pad_to_multiple_of=8)(real_samples)
         padded_loss = model(**padded).loss
-        hf_loss = model(**to_hf_inputs(batch, impl)).loss  # Trainer-format of the packed batch
+        hf_loss = model(**to_hf_inputs(batch, config=model.config)).loss  # Trainer-format of the packed batch
     assert abs(padded_loss.item() - packed_loss.item()) <= TOL
     assert abs(hf_loss.item() - packed_loss.item()) <= TOL

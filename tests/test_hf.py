@@ -54,7 +54,7 @@ def test_B01_position_ids_alone_leak_with_default_config():
     assert (leak_ones - ref_b).abs().max() > 1e-3
     assert (ours - ref_b).abs().max() <= 1e-5
     # the explicit mask: query 3 (first of B) sees only key 3, query 4 sees keys {3, 4}
-    mask = to_hf_inputs(batch, "sdpa")["attention_mask"][0, 0]
+    mask = to_hf_inputs(batch, config=model.config)["attention_mask"][0, 0]
     assert mask[3].nonzero().flatten().tolist() == [3]
     assert mask[4].nonzero().flatten().tolist() == [3, 4]
     assert batch["cu_seqlens"].tolist() == [0, 3, 5]
@@ -88,7 +88,7 @@ def test_B01_refused_with_instructions():
         with pytest.raises(PackedAttentionError, match="B01"):
             model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                   attention_mask=torch.ones(1, 5, dtype=torch.long))
-        model(**to_hf_inputs(batch, "sdpa"))  # the seqpack form passes the guard
+        model(**to_hf_inputs(batch, config=model.config))  # the seqpack form passes the guard
     finally:
         handle.remove()
 
@@ -114,7 +114,7 @@ def test_trainer_format_loss_and_grads_match_packed_forward():
     samples = _samples((9, 4, 6))
     thd = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(samples)
     hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, format="hf",
-                                attn_implementation="eager")(samples)
+                                config=model.config)(samples)
     assert set(hf) == {"input_ids", "position_ids", "labels", "shift_labels", "attention_mask"}
     assert hf["attention_mask"].dtype == torch.float32 and hf["attention_mask"].dim() == 4
     out = model(**hf)
@@ -135,10 +135,10 @@ def test_final_target_kept_via_shift_labels():
     s = Sample(ids, np.array([6, 7, 9]), sample_id="trunc")  # final target 9 stored
     t = Sample(np.array([3, 4]), np.array([4, -100]), sample_id="t")
     batch = InBatchPackingCollator(pad_token_id=0)([s, t])
-    hf = to_hf_inputs(batch, "sdpa")
+    model = _model("sdpa")
+    hf = to_hf_inputs(batch, config=model.config)
     assert hf["shift_labels"][0].tolist() == [6, 7, 9, 4, -100]
     assert hf["labels"][0].tolist() == [-100, 6, 7, -100, 4]
-    model = _model("sdpa")
     with torch.no_grad():
         out = model(**hf)
         ls, n = packed_cross_entropy(out.logits, batch["labels"])
@@ -147,7 +147,9 @@ def test_final_target_kept_via_shift_labels():
 
 def test_flash_attention_kwargs_code_path():
     samples = _samples((5, 3))
-    hf = PackedCollator(format="hf", attn_implementation="flash_attention_2")(
+    from transformers import Qwen3Config
+
+    hf = PackedCollator(format="hf", config=Qwen3Config(), attn_implementation="flash_attention_2")(
         [InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(samples)])
     assert "attention_mask" not in hf
     assert hf["cu_seq_lens_q"].dtype == torch.int32 and hf["cu_seq_lens_q"].tolist() == [0, 8, 12]
@@ -181,7 +183,7 @@ def test_trainer_packed_equals_padded_training(tmp_path):
     finals = {}
     for name, coll in {
         "packed": InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf",
-                                         attn_implementation="sdpa"),
+                                         config=_model("sdpa").config),
         "padded": PaddedCollator(pad_token_id=0),
     }.items():
         model = _model("sdpa")

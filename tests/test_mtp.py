@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.mtp import IGNORE_INDEX, roll_packed, roll_sample
+from seqpack.mtp import IGNORE_INDEX, roll_batch, roll_packed, roll_sample
 from seqpack.padding import round_up
 
 PAD = 0
@@ -183,3 +183,69 @@ def test_errors(kwargs, match):
 def test_float_input_rejected():
     with pytest.raises(TypeError, match="integer"):
         roll_packed(np.zeros(4), np.zeros(4, int), None, np.array([0, 4]), np.array([0, 4]))
+
+
+def _padding_mask(cup, cu):
+    T = int(cup[-1])
+    pm = np.ones(T, bool)
+    for s in range(len(cu) - 1):
+        pm[cup[s]:cup[s] + cu[s + 1] - cu[s]] = False
+    return pm
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=5), multiple=st.sampled_from([1, 4, 8]),
+       tail=st.integers(0, 5), shifts=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_padding_mask_moves_in_step(lengths, multiple, tail, shifts, seed):
+    """After the roll the padding mask is True exactly at the padding slots and at each segment's last
+    ``shifts`` real slots (the filler), and every slot it marks real holds a rolled real token."""
+    samples = _make_samples(lengths, np.random.default_rng(seed))
+    ids, lab, pos, cup, cu = _pack(samples, multiple, tail)
+    pm = _padding_mask(cup, cu)
+    r_ids, r_lab, r_pos, r_pm = roll_packed(ids, lab, pos, cup, cu, shifts=shifts, padding_mask=pm)
+    want = pm.copy()
+    for s, (i, _) in enumerate(samples):
+        L = len(i)
+        want[cup[s] + max(L - shifts, 0):cup[s] + L] = True
+        assert np.array_equal(r_ids[cup[s]:cup[s] + max(L - shifts, 0)], i[shifts:])  # real slots: real tokens
+    assert np.array_equal(r_pm, want)
+    assert (r_lab[r_pm] == IGNORE_INDEX).all() and (r_ids[r_pm & ~pm] == PAD).all()
+    # the 3-tuple is unchanged by passing the mask
+    assert all(np.array_equal(a, b) for a, b in zip(roll_packed(ids, lab, pos, cup, cu, shifts=shifts),
+                                                    (r_ids, r_lab, r_pos)))
+    # k single rolls of the mask == one roll by k
+    step = (ids, lab, pos, pm)
+    for _ in range(shifts):
+        step = roll_packed(step[0], step[1], step[2], cup, cu, shifts=1, padding_mask=step[3])
+    assert np.array_equal(step[3], r_pm)
+
+
+def test_roll_batch_moves_every_token_field():
+    import torch
+
+    from seqpack.sample import TOKEN_FIELDS
+
+    samples = _make_samples((5, 3, 7), np.random.default_rng(1))
+    ids, lab, pos, cup, cu = _pack(samples, 4, tail=2)
+    pm = _padding_mask(cup, cu)
+    seq_idx = np.repeat(np.arange(3), np.diff(cup)).astype(np.int32)
+    batch = {"input_ids": torch.from_numpy(ids)[None], "labels": torch.from_numpy(lab)[None],
+             "position_ids": torch.from_numpy(pos)[None], "padding_mask": torch.from_numpy(pm)[None],
+             "loss_mask": torch.from_numpy(lab != IGNORE_INDEX)[None], "seq_idx": torch.from_numpy(seq_idx)[None],
+             "cu_seqlens": torch.from_numpy(cu), "cu_seqlens_padded": torch.from_numpy(cup), "max_seqlen": 8}
+    assert set(TOKEN_FIELDS) <= set(batch)
+    out = roll_batch(batch, shifts=2)
+    r_ids, r_lab, r_pos, r_pm = roll_packed(ids, lab, pos, cup, cu, shifts=2, padding_mask=pm)
+    assert np.array_equal(out["input_ids"][0].numpy(), r_ids) and np.array_equal(out["labels"][0].numpy(), r_lab)
+    assert np.array_equal(out["position_ids"][0].numpy(), r_pos) and np.array_equal(out["padding_mask"][0].numpy(), r_pm)
+    # loss_mask stays exactly labels != -100 (spec invariant), seq_idx and boundaries unchanged
+    assert torch.equal(out["loss_mask"], out["labels"] != IGNORE_INDEX)
+    assert torch.equal(out["seq_idx"], batch["seq_idx"]) and out["cu_seqlens"] is batch["cu_seqlens"]
+    assert out["padding_mask"].dtype == torch.bool and not torch.equal(out["padding_mask"], batch["padding_mask"])
+    assert torch.equal(batch["padding_mask"][0], torch.from_numpy(pm))  # input untouched
+
+
+def test_padding_mask_must_be_bool():
+    ids, lab, pos, cup, cu = _pack(_make_samples((4,), np.random.default_rng(0)), 1)
+    with pytest.raises(TypeError, match="padding_mask must be a bool array"):
+        roll_packed(ids, lab, pos, cup, cu, padding_mask=np.zeros(4, np.int64))

@@ -36,12 +36,14 @@ from typing import Any, Mapping
 import torch
 
 from seqpack.adapters import as_batch, to_hf_inputs
+from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support
 from seqpack.collate import PackedCollator
 from seqpack.loss import packed_cross_entropy
-from seqpack.moe import load_balancing_loss
+from seqpack.moe import prepare_model, router_loss_settings
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS
 
-__all__ = ["PackedAttentionError", "packed_forward", "check_hf_inputs", "install_packing_guard", "hf_inputs"]
+__all__ = ["PackedAttentionError", "PackingUnsupportedError", "packed_forward", "check_hf_inputs",
+           "install_packing_guard", "hf_inputs", "prepare_model", "check_packed_support"]
 
 
 class PackedAttentionError(ValueError):
@@ -50,8 +52,8 @@ class PackedAttentionError(ValueError):
 
 _FIX = (
     "Use seqpack.hf.packed_forward(model, batch) with a seqpack THD batch, or a seqpack collator with "
-    "format='hf', attn_implementation=model.config._attn_implementation, which pass an explicit 4-D "
-    "block-diagonal mask (sdpa/eager), a BlockMask (flex) or cu_seq_lens_q/k (flash_attention_2)."
+    "format='hf', config=model.config, which pass an explicit 4-D block-diagonal mask (sdpa/eager; "
+    "with the model's sliding windows and chunks), a BlockMask (flex) or cu_seq_lens_q/k (flash_attention_2)."
 )
 
 
@@ -186,17 +188,23 @@ def _refuse_image_row_without_pixels(model, batch: Mapping[str, Any], kwargs: Ma
 def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
     """The forward kwargs :func:`packed_forward` passes (see ``seqpack.adapters.to_hf_inputs``), on the model's device.
 
-    ``batch`` may also be a ``PackedSequence`` (converted with ``PackedCollator()([row])``). Image
-    rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from ``image_grid_thw`` and the config's
-    ``image_token_id`` / ``vision_config.spatial_merge_size`` when the batch has no table).
+    The masks follow ``model.config`` (its ``attn_implementation`` and attention pattern: sliding-window
+    and chunked layers get their own masks). ``batch`` may also be a ``PackedSequence`` (converted with
+    ``PackedCollator()([row])``). Image rows get M-RoPE ``position_ids`` ``[3, 1, T]`` (computed from
+    ``image_grid_thw`` and the config's ``image_token_id`` / ``vision_config.spatial_merge_size`` when the
+    batch has no table).
+
+    Raises:
+        ValueError: an attention implementation or pattern seqpack cannot mask exactly (the reason named).
     """
+    check_packed_support(model.config, router_hook=False)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"packed_forward supports attn_implementation in {ATTN_IMPLEMENTATIONS}; model has {impl!r}")
     batch = _as_mapping(batch)
     device, dtype = _model_device_dtype(model)
     tok, merge = _image_config(model)
-    return to_hf_inputs(batch, impl, mask_dtype=dtype, device=device, image_token_id=tok,
+    return to_hf_inputs(batch, config=model.config, mask_dtype=dtype, device=device, image_token_id=tok,
                         spatial_merge_size=merge)
 
 
@@ -220,21 +228,23 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
             loss tokens gives 0 and zero gradients, never NaN); ``num_items_in_batch=`` in kwargs
             replaces ``n``. For global token normalisation across micro-batches use
             ``seqpack.loss`` on ``outputs.logits``.
-        **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's)
-            on an MoE model, the decoder (``model.base_model``) and ``get_output_embeddings()`` run
-            directly and ``aux_loss`` is :func:`seqpack.moe.load_balancing_loss` over real tokens
-            (HF's own aux loss cannot take a 4-D mask); ``loss`` then adds
-            ``router_aux_loss_coef * aux_loss`` as HF does. Models that post-process logits
-            (soft-capping) are not covered by that path.
+        **kwargs: forwarded to ``model(...)``. With ``output_router_logits=True`` (or the config's) on
+            an MoE model, the model is prepared with :func:`prepare_model` (once) and runs its own
+            forward; ``aux_loss`` is its ``load_balancing_loss_func`` over real tokens (what transformers
+            gives the same samples as a padded batch) and ``loss`` adds ``router_aux_loss_coef * aux_loss``
+            as the model's forward does.
 
     Returns:
         the model output; ``logits`` is ``[1, T, V]`` (values at padding slots are meaningless).
 
     Raises:
+        PackingUnsupportedError: the architecture cannot run packed rows exactly (state-carrying layers,
+            ALiBi from a 2-D mask; :func:`seqpack.adapters.architecture.check_packed_support`).
         PackedAttentionError: the batch has a 2-D ``attention_mask``.
         KeyError: the batch lacks boundary arrays.
         ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
     """
+    check_packed_support(model.config, router_hook=False)
     batch = _as_mapping(batch)
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
@@ -244,51 +254,22 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         )
     _refuse_image_row_without_pixels(model, batch, kwargs)
     inputs = hf_inputs(model, batch)
-    if not compute_loss:
-        inputs.pop("labels", None)
-        inputs.pop("shift_labels", None)
     kwargs.setdefault("use_cache", False)
     want_router = kwargs.get("output_router_logits")
     if want_router is None:
         want_router = bool(getattr(model.config, "output_router_logits", False))
     if want_router:
-        return _moe_forward(model, batch, inputs, kwargs)
+        prepare_model(model)
+        inputs["padding_mask"] = as_batch(batch)["padding_mask"].to(inputs["input_ids"].device)
     # the loss is ours, not HF's ForCausalLMLoss: its mean over 0 targets is NaN (0/0)
     inputs.pop("labels", None)
     shift = inputs.pop("shift_labels", None)
     num_items = kwargs.pop("num_items_in_batch", None)
     out = model(**inputs, **kwargs)
-    if shift is not None:
+    if shift is not None and compute_loss:
         ls, n = packed_cross_entropy(out.logits, shift)
         denom = torch.as_tensor(num_items if num_items is not None else n, device=ls.device)
         out.loss = ls / denom.clamp(min=1).to(ls.dtype)
+        if want_router and getattr(out, "aux_loss", None) is not None:
+            out.loss = out.loss + router_loss_settings(model)[3] * out.aux_loss.to(out.loss.device)
     return out
-
-
-def _moe_forward(model, batch, inputs, kwargs):
-    """MoE with router outputs: HF's ``load_balancing_loss_func`` reshapes ``attention_mask`` as a 2-D
-    padding mask (a 4-D mask crashes it; without a mask, under flash, it counts padding). Run the
-    decoder, the output embedding and our padding-aware aux loss instead (same formula)."""
-    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
-
-
-    cfg = model.config
-    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
-    top_k = getattr(cfg, "num_experts_per_tok", None)
-    if not num_experts or not top_k:
-        raise ValueError("output_router_logits=True but the config names no num_experts/num_local_experts "
-                         "and num_experts_per_tok")
-    labels = inputs.pop("labels", None)
-    shift = inputs.pop("shift_labels", None)
-    kw = dict(kwargs)
-    kw["output_router_logits"] = True
-    base_out = model.base_model(**inputs, **kw)
-    logits = model.get_output_embeddings()(base_out.last_hidden_state)
-    pad = as_batch(batch)["padding_mask"].to(logits.device)
-    aux = load_balancing_loss(base_out.router_logits, pad, num_experts, top_k)
-    loss = None
-    if labels is not None:
-        ls, n = packed_cross_entropy(logits, shift)
-        loss = ls / n.clamp(min=1) + getattr(cfg, "router_aux_loss_coef", 0.0) * aux
-    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=logits,
-                                     router_logits=base_out.router_logits)

@@ -26,7 +26,7 @@ import numpy as np
 
 from seqpack.sample import IGNORE_INDEX  # label value the loss ignores (re-exported)
 
-__all__ = ["IGNORE_INDEX", "roll_packed", "roll_sample"]
+__all__ = ["IGNORE_INDEX", "roll_batch", "roll_packed", "roll_sample"]
 
 
 def _is_torch(x: Any) -> bool:
@@ -83,6 +83,7 @@ def roll_packed(
     shifts: int = 1,
     *,
     pad_token_id: int = 0,
+    padding_mask=None,
 ):
     """Roll a packed row left by ``shifts`` tokens inside every segment (MTP inputs and targets).
 
@@ -94,7 +95,9 @@ def roll_packed(
       ``position_ids = position_ids[a+t] + shifts`` (positions keep counting, as the rolled
       per-segment arange would).
 
-    Alignment/tail padding slots (``t >= L``) are returned unchanged. Because ``labels`` are
+    With ``padding_mask`` (bool, True = pad) the vacated slots become padding too (True), so MoE routers
+    and anything else reading the mask skip them as they skip alignment padding; real rolled slots keep
+    False. Alignment/tail padding slots (``t >= L``) are returned unchanged. Because ``labels`` are
     already shifted per segment (``labels[t]`` = target of the logit at ``t``, spec), the result's
     labels are the depth-``shifts`` MTP targets and the last ``shifts + 1`` real slots of each
     segment are -100. ``roll_packed(.., shifts=k)`` equals ``k`` applications of ``shifts=1``, and
@@ -111,10 +114,13 @@ def roll_packed(
         cu_seqlens: int ``[N+1]``, logical (real-token) boundaries.
         shifts: tokens to roll by (MTP depth), int >= 1.
         pad_token_id: id written to the vacated input slots (Megatron's roll fills 0).
+        padding_mask: bool array ``[..., T]`` (True = pad) or None.
 
     Returns:
         ``(input_ids, labels, position_ids)`` rolled, same types, shapes and dtypes as given
-        (``position_ids`` is None when given None). Inputs are not modified.
+        (``position_ids`` is None when given None), and the rolled ``padding_mask`` as a fourth element
+        when one was given. Inputs are not modified. :func:`roll_batch` rolls every per-token field of
+        a batch dict.
 
     Raises:
         ValueError: ``shifts < 1``; mismatched last dims; boundary arrays that do not describe a row
@@ -129,7 +135,12 @@ def roll_packed(
     lab = _np(labels, "labels")
     pos = None if position_ids is None else _np(position_ids, "position_ids")
     T = ids.shape[-1]
-    for name, a in (("labels", lab), ("position_ids", pos)):
+    pm = None
+    if padding_mask is not None:
+        pm = padding_mask.detach().cpu().numpy() if _is_torch(padding_mask) else np.asarray(padding_mask)
+        if pm.dtype != np.bool_:
+            raise TypeError(f"padding_mask must be a bool array (True = pad), got dtype {pm.dtype}")
+    for name, a in (("labels", lab), ("position_ids", pos), ("padding_mask", pm)):
         if a is not None and a.shape != ids.shape:
             raise ValueError(f"{name} shape {a.shape} differs from input_ids shape {ids.shape}")
     src, vacated = _gather_plan(_np(cu_seqlens_padded, "cu_seqlens_padded"), _np(cu_seqlens, "cu_seqlens"),
@@ -146,7 +157,10 @@ def roll_packed(
         out_pos = None
         if position_ids is not None:
             out_pos = torch.where(vac_t, position_ids + shifts, position_ids.index_select(-1, src_t))
-        return out_ids, out_lab, out_pos
+        if padding_mask is None:
+            return out_ids, out_lab, out_pos
+        pm_t = torch.as_tensor(padding_mask, device=dev)
+        return out_ids, out_lab, out_pos, pm_t.index_select(-1, src_t).masked_fill(vac_t, True)
 
     out_ids = ids[..., src].copy()
     out_ids[..., vacated] = pad_token_id
@@ -155,7 +169,49 @@ def roll_packed(
     out_pos = None
     if pos is not None:
         out_pos = np.where(vacated, pos + shifts, pos[..., src]).astype(pos.dtype, copy=False)
-    return out_ids, out_lab, out_pos
+    if pm is None:
+        return out_ids, out_lab, out_pos
+    out_pm = pm[..., src].copy()
+    out_pm[..., vacated] = True
+    return out_ids, out_lab, out_pos, out_pm
+
+
+def roll_batch(batch, shifts: int = 1, *, pad_token_id: int = 0) -> dict:
+    """Roll every per-token field of a canonical THD batch (``format="thd"``, ``as_batch``) for MTP depth
+    ``shifts``, all in step (:func:`roll_packed` rules):
+
+    - ``input_ids``, ``labels``, ``position_ids``, ``padding_mask`` as :func:`roll_packed` (the vacated
+      last ``shifts`` real slots of every segment: pad id, -100, continued positions, padding True);
+    - ``loss_mask`` (bool or float weights) moves with the labels; vacated slots get False / 0;
+    - ``seq_idx`` and the boundary arrays are unchanged (segments keep their slots).
+
+    Other keys are passed through as they are. Returns a new dict; the input is not modified.
+
+    Raises:
+        KeyError: the batch lacks ``input_ids``, ``labels``, ``cu_seqlens`` or ``cu_seqlens_padded``.
+        ValueError, TypeError: as :func:`roll_packed`.
+    """
+    out = dict(batch)
+    res = roll_packed(batch["input_ids"], batch["labels"], batch.get("position_ids"), batch["cu_seqlens_padded"],
+                      batch["cu_seqlens"], shifts, pad_token_id=pad_token_id, padding_mask=batch.get("padding_mask"))
+    for name, v in zip(("input_ids", "labels", "position_ids", "padding_mask"), res):
+        if v is not None:
+            out[name] = v
+    lm = batch.get("loss_mask")
+    if lm is not None:
+        T = _np(batch["input_ids"], "input_ids").shape[-1]
+        src, vacated = _gather_plan(_np(batch["cu_seqlens_padded"], "cu_seqlens_padded"),
+                                    _np(batch["cu_seqlens"], "cu_seqlens"), T, int(shifts))
+        if _is_torch(lm):
+            import torch
+
+            src_t, vac_t = torch.as_tensor(src, device=lm.device), torch.as_tensor(vacated, device=lm.device)
+            out["loss_mask"] = lm.index_select(-1, src_t).masked_fill(vac_t, 0)
+        else:
+            lm_np = np.asarray(lm)[..., src].copy()
+            lm_np[..., vacated] = 0
+            out["loss_mask"] = lm_np
+    return out
 
 
 def roll_sample(input_ids, labels, position_ids=None, shifts: int = 1, *, pad_token_id: int = 0):

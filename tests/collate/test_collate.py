@@ -20,6 +20,13 @@ from seqpack.collate import (
 from seqpack.sample import Sample, shift_labels
 from seqpack.packed import PackedSequence, build_packed_sequence
 
+
+def _config():
+    """A full-attention model config (no window, no chunks) for the format='hf' output checks."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(num_hidden_layers=2)
+
 IGN = -100
 
 
@@ -137,8 +144,8 @@ def test_collator_errors_name_samples_and_keys():
         InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="needs seq_length"):
         InBatchPackingCollator(pad_token_id=0, force_to_pad_to_seq_len=True)
-    with pytest.raises(ValueError, match="attn_implementation=model.config._attn_implementation"):
-        InBatchPackingCollator(pad_token_id=0, format="hf")
+    with pytest.raises(ValueError, match="needs config=model.config: the packed masks follow the model's attention"):
+        InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")
     with pytest.raises(ValueError, match="empty"):
         InBatchPackingCollator(pad_token_id=0)([{"input_ids": [], "sample_id": "x"}])
 
@@ -151,10 +158,11 @@ def test_collator_errors_name_samples_and_keys():
 ])
 def test_hf_format_outputs_exactly_forward_kwargs(impl, keys):
     samples = _samples((5, 3))
-    b = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, format="hf", attn_implementation=impl)(samples)
+    b = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, format="hf", config=_config(),
+                               attn_implementation=impl)(samples)
     assert set(b) == {"input_ids", "position_ids", "labels", "shift_labels"} | keys
     assert b["labels"][0].tolist() == to_hf_inputs(InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4)(
-        samples), impl)["labels"][0].tolist()
+        samples), impl, config=_config())["labels"][0].tolist()
     if impl == "flex_attention":
         pickle.loads(pickle.dumps(b))  # crosses DataLoader worker boundaries
 
@@ -175,7 +183,7 @@ def test_dataloader_workers_and_pickling():
         assert a["cu_seqlens_padded"][-1] == a["input_ids"].shape[1]
     samples = _samples((4, 7, 3, 2, 5, 6))
     ib = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, seq_length=32, force_to_pad_to_seq_len=True,
-                                format="hf", attn_implementation="sdpa")
+                                format="hf", config=_config(), attn_implementation="sdpa")
     out = list(DataLoader(samples, batch_size=3, collate_fn=ib, num_workers=2))
     assert [o["input_ids"].shape for o in out] == [(1, 32), (1, 32)]
     assert out[0]["attention_mask"].shape == (1, 1, 32, 32)
@@ -231,10 +239,10 @@ def test_media_concatenated_in_segment_order():
     assert b["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
     # no M-RoPE table and no way to compute one: the hf format refuses rather than use text positions
     with pytest.raises(ValueError, match="mrope_position_ids"):
-        InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")(s)
+        InBatchPackingCollator(pad_token_id=0, format="hf", config=_config(), attn_implementation="sdpa")(s)
     s[0].media["mrope_position_ids"] = np.array([[0, 1, 1, 2], [0, 1, 2, 3], [0, 2, 1, 3]])
     s[2].media["mrope_position_ids"] = np.array([[0, 1, 1, 1, 2], [0, 1, 1, 2, 3], [0, 1, 2, 1, 3]])
-    hf = InBatchPackingCollator(pad_token_id=0, format="hf", attn_implementation="sdpa")(s)
+    hf = InBatchPackingCollator(pad_token_id=0, format="hf", config=_config(), attn_implementation="sdpa")(s)
     assert torch.equal(hf["image_grid_thw"], b["image_grid_thw"])
     assert hf["position_ids"].shape == (3, 1, 12)
     assert hf["position_ids"][:, 0, :4].tolist() == s[0].media["mrope_position_ids"].tolist()

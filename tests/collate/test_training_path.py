@@ -175,7 +175,7 @@ def test_bug2_in_batch_image_row_uses_mrope_positions(vlm_case):
         _assert_segments_match(packed_forward(model, bare, compute_loss=False).logits, batch, refs)
         # the HF format for Trainer sends [3, 1, T] positions
         hf = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=4, format="hf",
-                                    attn_implementation="sdpa")(samples)
+                                    config=model.config)(samples)
         assert hf["position_ids"].shape == (3, 1, batch["input_ids"].shape[1])
         _assert_segments_match(model(**hf).logits, batch, refs)
         # what the collators sent before: 1-D text positions -> image segments drift (test sensitivity)

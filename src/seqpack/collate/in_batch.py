@@ -36,7 +36,8 @@ class InBatchPackingCollator:
         force_to_pad_to_seq_len: pad the row to exactly ``seq_length`` with the tail as its own
             empty segment (module docstring; Megatron-Bridge's VLM layout). Requires ``seq_length``
             divisible by ``pad_to_multiple_of``.
-        format, attn_implementation, mask_dtype: as in :class:`PackedCollator`.
+        format, config, attn_implementation, mask_dtype: as in :class:`PackedCollator` (``format="hf"``
+            needs ``config=model.config``).
         label_convention: ``"shifted"`` (``Sample``) or ``"hf"`` (mapping features with HF labels).
             With ``"shifted"``, a micro-batch whose labels equal ``input_ids`` on every trained slot
             triggers one ``UserWarning`` per collator (HF-style labels passed by mistake).
@@ -47,10 +48,10 @@ class InBatchPackingCollator:
     """
 
     def __init__(self, pad_token_id: int, *, pad_to_multiple_of: int = 1, seq_length: int | None = None,
-                 force_to_pad_to_seq_len: bool = False, format: str = "thd",
+                 force_to_pad_to_seq_len: bool = False, format: str = "thd", config: Any = None,
                  attn_implementation: str | None = None, mask_dtype=None, label_convention: str = "shifted",
                  context_parallel_size: int = 1):
-        check_format(format, attn_implementation)
+        check_format(format, attn_implementation, config)
         m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
         if force_to_pad_to_seq_len and seq_length is None:
             raise ValueError("force_to_pad_to_seq_len=True needs seq_length")
@@ -63,6 +64,7 @@ class InBatchPackingCollator:
         self.seq_length = seq_length
         self.force_to_pad_to_seq_len = bool(force_to_pad_to_seq_len)
         self.format = format
+        self.config = config
         self.attn_implementation = attn_implementation
         self.mask_dtype = mask_dtype
         self.label_convention = label_convention
@@ -97,4 +99,4 @@ class InBatchPackingCollator:
             samples, pad_to_multiple_of=self.pad_to_multiple_of, pad_token_id=self.pad_token_id,
             seq_length=self.seq_length, pad_to_max_length=self.force_to_pad_to_seq_len, tail_segment=True,
         )
-        return format_batch(row_batch(row), self.format, self.attn_implementation, self.mask_dtype)
+        return format_batch(row_batch(row), self.format, self.attn_implementation, self.mask_dtype, self.config)

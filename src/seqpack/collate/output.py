@@ -2,7 +2,8 @@
 
 Output formats (``format=``; details in ``docs/notes/collate.md``): ``"thd"`` the canonical batch dict
 (:mod:`seqpack.adapters.batch`) plus ``sample_ids``, media and ``mrope_position_ids``; ``"hf"`` the
-keyword arguments of a transformers causal LM (:func:`seqpack.adapters.to_hf_inputs`); ``"megatron"``
+keyword arguments of a transformers causal LM (:func:`seqpack.adapters.to_hf_inputs`, for the model whose
+``config=`` the collator got: its attention implementation and pattern); ``"megatron"``
 :func:`seqpack.adapters.to_megatron` of the row.
 """
 
@@ -14,6 +15,8 @@ import numpy as np
 import torch
 
 from seqpack.adapters import MEDIA_KEYS, as_batch, to_hf_inputs, to_megatron
+from seqpack.adapters.attention_pattern import attention_pattern
+from seqpack.adapters.hf_forward import resolve_attn_implementation
 from seqpack.data.media import collate_media
 from seqpack.packed import PackedSequence
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS
@@ -43,15 +46,20 @@ def as_int64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.int64).reshape(-1)
 
 
-def check_format(fmt: str, attn_implementation: str | None) -> None:
-    """Raises ValueError for an unknown ``format`` or ``format="hf"`` without a known ``attn_implementation``."""
+def check_format(fmt: str, attn_implementation: str | None, config: Any = None) -> None:
+    """Check a collator's output settings before any batch is built.
+
+    Raises:
+        ValueError: an unknown ``format``; ``format="hf"`` without ``config=model.config`` (the masks follow
+            the model's attention pattern: sliding windows, chunks), with an implementation other than the
+            config's, or for a model whose attention pattern seqpack cannot mask
+            (:func:`seqpack.adapters.attention_pattern.attention_pattern`).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "hf" and attn_implementation not in HF_ATTN:
-        raise ValueError(
-            f"format='hf' needs attn_implementation in {HF_ATTN} (the mask kind depends on it), got "
-            f"{attn_implementation!r}; pass attn_implementation=model.config._attn_implementation"
-        )
+    if fmt == "hf":
+        resolve_attn_implementation(config, attn_implementation, what="format='hf'")
+        attention_pattern(config)
 
 
 def check_label_convention(label_convention: str) -> None:
@@ -110,8 +118,9 @@ def row_batch(row: PackedSequence) -> dict[str, Any]:
     return batch
 
 
-def format_batch(batch: dict[str, Any], fmt: str, attn_implementation: str | None, mask_dtype) -> dict[str, Any]:
-    """The ``"thd"`` batch in output format ``fmt`` (module docstring)."""
+def format_batch(batch: dict[str, Any], fmt: str, attn_implementation: str | None, mask_dtype,
+                 config: Any = None) -> dict[str, Any]:
+    """The ``"thd"`` batch in output format ``fmt`` (module docstring); ``"hf"`` needs the model's ``config``."""
     if fmt == "thd":
         return batch
     if fmt == "megatron":
@@ -120,4 +129,4 @@ def format_batch(batch: dict[str, Any], fmt: str, attn_implementation: str | Non
             if k in batch:
                 out[k] = batch[k]
         return out
-    return to_hf_inputs(batch, attn_implementation, mask_dtype=mask_dtype)
+    return to_hf_inputs(batch, attn_implementation, config=config, mask_dtype=mask_dtype)

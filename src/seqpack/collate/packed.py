@@ -31,7 +31,10 @@ class PackedCollator:
 
     Args:
         format: ``"thd"``, ``"hf"`` or ``"megatron"`` (module docstring).
-        attn_implementation: required for ``format="hf"``.
+        config: the model's config (``model.config``), required for ``format="hf"``: the masks follow its
+            attention implementation and pattern (sliding-window and chunked layers get their own masks,
+            :func:`seqpack.adapters.to_hf_inputs`).
+        attn_implementation: optional with ``format="hf"``; default ``config._attn_implementation``.
         mask_dtype: dtype of the eager additive mask.
 
     Features: ``PackedSequence`` objects or mappings with ``input_ids``, ``labels``, ``cu_seqlens``,
@@ -39,11 +42,15 @@ class PackedCollator:
 
     Raises:
         KeyError: a feature lacks boundary arrays.
+        ValueError: ``format="hf"`` without ``config``, or for a model seqpack cannot mask exactly (at
+            construction, :func:`seqpack.collate.output.check_format`).
     """
 
-    def __init__(self, *, format: str = "thd", attn_implementation: str | None = None, mask_dtype=None):
-        check_format(format, attn_implementation)
+    def __init__(self, *, format: str = "thd", config: Any = None, attn_implementation: str | None = None,
+                 mask_dtype=None):
+        check_format(format, attn_implementation, config)
         self.format = format
+        self.config = config
         self.attn_implementation = attn_implementation
         self.mask_dtype = mask_dtype
 
@@ -51,7 +58,7 @@ class PackedCollator:
         if len(features) == 0:
             raise ValueError("PackedCollator got an empty batch")
         row = join_rows([_feature_row(f, i) for i, f in enumerate(features)])
-        return format_batch(row_batch(row), self.format, self.attn_implementation, self.mask_dtype)
+        return format_batch(row_batch(row), self.format, self.attn_implementation, self.mask_dtype, self.config)
 
 
 def _table(m: Any, width: int, index: int) -> np.ndarray | None:

@@ -63,6 +63,7 @@ class ModelFamily:
     opt_outs: tuple[OptOut, ...] = ()
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    model_types: tuple[str, ...] = ()
 
     @property
     def is_multimodal(self) -> bool:
@@ -194,6 +195,7 @@ def parse_registry(data: dict[str, Any], *, source: str = "families.yaml") -> Re
             opt_outs=tuple(opt_outs),
             aliases=tuple(v.get("aliases") or ()),
             sources=tuple(v.get("sources") or ()),
+            model_types=tuple(str(m) for m in v.get("model_types") or ()),
         )
         families[key] = fam
         for name in (key, *fam.aliases):

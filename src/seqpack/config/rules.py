@@ -6,9 +6,10 @@ Each rule is a small function ``(cfg, ctx) -> list[Violation]`` (``ctx``: values
 microseconds; the registry is parsed once per process) so :meth:`PackingConfig.validate` reports
 every problem in one error.
 
-Model-specific facts (which families opt out of which packing modes, which attention backends take
-segment boundaries under context parallelism, which sequence mixers need varlen kernels) come from
-the registry data (:mod:`seqpack.config.registry`), never from branches on family names here.
+Model-specific facts (families' opt-outs, which attention backends take boundaries under CP, which
+mixers need varlen kernels) come from the registry data (:mod:`seqpack.config.registry`) and, for
+transformers model types, :func:`seqpack.adapters.architecture.model_type_problem`; never from branches
+on family names here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from seqpack.adapters.architecture import model_type_problem
 from seqpack.config.errors import Violation
 from seqpack.config.registry import ModelFamily, Registry, load_registry
 from seqpack.padding import seq_length_problem
@@ -80,17 +82,17 @@ def _pad_keys(cfg) -> list[str]:
 def _unknown_family(cfg, ctx):
     if cfg.model_family is None or ctx.family is not None:
         return []
-    return [_v("unknown_model_family", ["model_family"], f"unknown model family {cfg.model_family!r}",
-               f"use one of: {', '.join(ctx.reg.names())} (or remove model_family)")]
+    known = f"use one of: {', '.join(ctx.reg.names())} (or remove model_family)"
+    if ctx.packs and (found := model_type_problem(cfg.model_family)):  # a transformers model_type: say why
+        return [_v("unknown_model_family", ["model_family", "packing"], str(found), f"packing: none, or {known}")]
+    return [_v("unknown_model_family", ["model_family"], f"unknown model family {cfg.model_family!r}", known)]
 
 
 @_rule("family_packing_opt_out", "the model family must support the packing mode (registry opt-outs)")
 def _family_opt_out(cfg, ctx):
-    fam = ctx.family
-    if fam is None or fam.supports(ctx.packing):
+    if (fam := ctx.family) is None or fam.supports(ctx.packing):
         return []
-    o = fam.opt_out_for(ctx.packing)
-    why = f": {o.reason} [source: {o.source}]" if o else ""
+    why = f": {o.reason} [source: {o.source}]" if (o := fam.opt_out_for(ctx.packing)) else ""
     return [_v("family_packing_opt_out", ["model_family", "packing"],
                f"{fam.name} does not support packing={ctx.packing!r}{why}",
                f"set packing to one of: {', '.join(fam.packing_modes)}")]
@@ -98,20 +100,18 @@ def _family_opt_out(cfg, ctx):
 
 @_rule("linear_attention_kernels", "gated-delta-net / Mamba2 families need boundary-aware kernels to pack")
 def _linear_attention(cfg, ctx):
-    fam = ctx.family
-    if fam is None or not ctx.packs or not fam.supports(ctx.packing) or cfg.linear_attention_varlen is True:
+    if (fam := ctx.family) is None or not ctx.packs or not fam.supports(ctx.packing) or cfg.linear_attention_varlen:
         return []
-    kinds = [k for k in fam.attention_kinds if ctx.reg.attention_kinds[k].needs_varlen_kernel]
-    if not kinds:
+    if not (kinds := [k for k in fam.attention_kinds if ctx.reg.attention_kinds[k].needs_varlen_kernel]):
         return []
     notes = "; ".join(f"{k}: {ctx.reg.attention_kinds[k].note}" for k in kinds)
     state = "false" if cfg.linear_attention_varlen is False else "not confirmed"
+    hf = "".join(f" transformers: {e}" for e in map(model_type_problem, fam.model_types) if e is not None)
     return [_v("linear_attention_kernels", ["model_family", "linear_attention_varlen", "packing"],
-               f"{fam.name} has {', '.join(kinds)} layers whose recurrent state would leak from one packed "
-               f"segment into the next unless the kernels take segment boundaries (linear_attention_varlen "
-               f"is {state}). {notes}",
-               "set linear_attention_varlen: true once your kernels take cu_seqlens/seq_idx, "
-               "or use packing: none")]
+               f"{fam.name} has {', '.join(kinds)} layers whose recurrent state would leak from one packed segment "
+               f"into the next unless the kernels take segment boundaries (linear_attention_varlen is {state}). "
+               f"{notes}.{hf}", "set linear_attention_varlen: true once your kernels take cu_seqlens/seq_idx "
+               "(transformers' do not: pad instead, seqpack.collate.PaddedCollator), or use packing: none")]
 
 
 # ----------------------------------------------------------------------------- packing mode / batch
