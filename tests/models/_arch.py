@@ -102,7 +102,10 @@ _SMALL_DIM_KEYS = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_head_dim": 16, "li
 _ZERO_SUFFIXES = ("dropout", "pdrop", "dropout_prob", "dropout_p", "layerdrop", "jitter_noise")
 
 #: Per-model overrides: only where a default cannot be shrunk by the generic rules (applied last).
-OVERRIDES: dict[str, dict[str, Any]] = {}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # block_types is a repeating pattern (recurrent, recurrent, attention), not one entry per layer
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "num_hidden_layers": 2},
+}
 
 
 def _per_layer_lists(d: dict, n_layers: int) -> list[str]:
@@ -279,9 +282,11 @@ def _skip_reason(model_type: str, arch: str, cfg) -> str | None:
         return "encoder-decoder model (its *ForCausalLM is the decoder half)"
     if arch.endswith("ForConditionalGeneration"):
         return f"multimodal wrapper {arch} (needs pixel/audio inputs; text towers run as their own types)"
-    if hasattr(cfg, "is_decoder") and not cfg.is_decoder and getattr(cfg, "add_cross_attention", None) is not None \
-            and "type_vocab_size" in cfg.to_dict():
-        return "bidirectional encoder (BERT family; causal only with is_decoder=True)"
+    d = cfg.to_dict()
+    if d.get("is_decoder") is False and d.get("add_cross_attention") is not None:
+        return "bidirectional encoder as loaded (is_decoder=False; BERT family)"
+    if d.get("causal") is False:
+        return "bidirectional as loaded (causal=False: a masked LM)"
     if getattr(cfg, "auto_map", None):
         return "needs remote code (auto_map)"
     return None
@@ -440,7 +445,6 @@ def run_paths(model, samples, rows) -> dict[str, dict[str, Any]]:
     from seqpack.hf import packed_forward
     from seqpack.stream import StreamingPacker
 
-    impl = model.config._attn_implementation
     samples = [_mod_sample(s) for s in samples]
     rows = [_mod_row(r) for r in rows]
     ref = reference(model, samples)  # errors here are the plain model's (skipped by the caller)
@@ -456,7 +460,7 @@ def run_paths(model, samples, rows) -> dict[str, dict[str, Any]]:
     def hf_path():
         thd = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=PAD_MULTIPLE)(samples)
         batch = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=PAD_MULTIPLE, format="hf",
-                                       attn_implementation=impl)(samples)
+                                       config=model.config)(samples)
         out = model(**batch)
         return compare(model, ref, out.logits, _segments(thd), out.loss)
 

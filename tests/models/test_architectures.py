@@ -9,6 +9,7 @@ table must equal :func:`support_table.render` of the same outcomes.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,19 @@ import _arch  # noqa: E402
 import support_table  # noqa: E402
 
 TYPES = _arch.causal_lm_types()
+
+#: Model types that mismatch today and that seqpack neither makes exact nor refuses yet: each is an
+#: expected failure with the layer it breaks on, shown as ``mismatch`` in README's table; one that
+#: stops mismatching (made exact or refused) fails until it is removed here.
+OPEN = {
+    **dict.fromkeys(("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4"),
+                    "indexed (DSA) attention: the indexer's top-k key selection runs over the whole packed row"),
+    "deepseek_v4": "compressed / hash-routed attention: key compression runs across segment boundaries",
+    "moshi": "sliding_window without layer_types: its mask is built in the model, the window is not applied",
+    **dict.fromkeys(("cpmant", "openai-gpt", "trocr", "xlnet"),
+                    "positions or the attention mask are not taken from position_ids / a 4-D mask "
+                    "(absolute positions continue across segments, or the model rejects a 4-D mask)"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +70,14 @@ def test_architecture(outcomes, model_type):
         assert o.reason
         pytest.skip(o.reason)
     assert not o.kinds_lost, f"the tiny config lost layer kinds of the default: {o.kinds_lost}"
+    if model_type in OPEN:
+        assert o.status == "mismatch", f"{model_type} is {o.status} now: remove it from OPEN"
+        pytest.xfail(f"{OPEN[model_type]}: {o.reason}")
     if o.status == "mismatch":
         pytest.fail(f"{model_type} ({o.architecture}): {o.reason}", pytrace=False)
     if o.status == "refused":
-        assert model_type in o.reason, o.reason
+        named = re.search(r"model_type '([^']+)'", o.reason)  # a composite config names its text model's type
+        assert named and named.group(1).startswith(model_type) and "Instead" in o.reason, o.reason
         first = o.paths.get("forward")
         assert first is None or first["ok"], first
         return
