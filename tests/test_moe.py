@@ -89,3 +89,161 @@ def test_packed_router_stats_equal_one_by_one(kind):
     assert abs(lb_packed.item() - lb_padded.item()) <= 1e-6
     assert abs(packed_out.aux_loss.item() - padded_out.aux_loss.item()) <= 1e-6
     assert abs(packed_out.loss.item() - padded_out.loss.item()) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- transformers MoE models
+#: tiny configs of the MoE families, as AutoConfig.for_model(model_type, **kwargs); GraniteMoE scales its
+#: logits (logits_scaling), which a copy of the head would drop
+TINY_MOE = {
+    "qwen3_moe": dict(num_experts=E, moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], head_dim=16),
+    "mixtral": dict(num_local_experts=E),
+    "qwen2_moe": dict(num_experts=E, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                      decoder_sparse_step=1, mlp_only_layers=[]),
+    "olmoe": dict(num_experts=E),
+    "granitemoe": dict(num_local_experts=E, logits_scaling=4.0),
+}
+
+
+def _tiny_moe(model_type, **over):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                               num_experts_per_tok=K, router_aux_loss_coef=0.5, **{**TINY_MOE[model_type], **over})
+    return AutoModelForCausalLM.from_config(cfg).train()
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys() and a
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _hf_batch(model, samples, **coll):
+    """The format='hf' batch the collator builds for the model (config=model.config)."""
+    return InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", config=model.config,
+                                  **coll)(samples)
+
+
+@pytest.mark.parametrize("model_type", list(TINY_MOE))
+def test_trainer_path_router_loss_equals_padded_batch(model_type):
+    """model(**format='hf' batch) as Trainer calls it, on a prepared model: no crash, aux_loss equal to
+    transformers' own load_balancing_loss_func on the padded batch (padding excluded), loss and every
+    gradient equal to the padded batch's (fp32, 1e-5)."""
+    import copy
+    import sys
+
+    from seqpack.hf import prepare_model
+
+    model = _tiny_moe(model_type)
+    ref_model = copy.deepcopy(model)  # never prepared: transformers' own path
+    samples = _samples((7, 12, 5, 9), seed=1)
+    padded = PaddedCollator(pad_token_id=0)(samples)
+    ref = ref_model(**padded, output_router_logits=True)
+    ref.loss.backward()
+    lbl = sys.modules[type(ref_model).__module__].load_balancing_loss_func
+    hf_aux = lbl(ref.router_logits, E, K, padded["attention_mask"])
+    assert abs(ref.aux_loss.item() - hf_aux.item()) <= 1e-7
+    assert abs(lbl(ref.router_logits, E, K, None).item() - hf_aux.item()) > 1e-4  # padding would count
+
+    prepare_model(model)
+    batch = _hf_batch(model, samples, seq_length=48, force_to_pad_to_seq_len=True)
+    assert batch["attention_mask"].dim() == 4 and int(batch["padding_mask"].sum()) == 48 - 33
+    out = model(**batch, output_router_logits=True)
+    out.loss.backward()
+    assert abs(out.aux_loss.item() - hf_aux.item()) <= 1e-6
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5
+    assert _max_diff(_grads(model), _grads(ref_model)) <= 1e-5
+    # same on the model's own seqpack-free input: a prepared model on a padded batch is transformers' run
+    again = model(**padded, output_router_logits=True)
+    assert abs(again.aux_loss.item() - hf_aux.item()) <= 1e-6
+
+
+@pytest.mark.parametrize("model_type", list(TINY_MOE))
+def test_packed_forward_uses_the_models_own_head(model_type):
+    """packed_forward with router outputs: logits equal each sample run alone (GraniteMoE's logits_scaling
+    included), aux_loss equal to transformers' padded-batch value, loss = CE + coef * aux."""
+    model = _tiny_moe(model_type)
+    samples = _samples((6, 11, 4), seed=2)
+    padded = PaddedCollator(pad_token_id=0)(samples)
+    with torch.no_grad():
+        ref = model(**padded, output_router_logits=True)  # before packed_forward prepares the model
+        alone = torch.cat([model(torch.as_tensor(s.input_ids[None]).long()).logits[0] for s in samples])
+    batch = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8)(samples)
+    out = packed_forward(model, batch, output_router_logits=True)
+    from seqpack.adapters import gather_real
+
+    got = gather_real(out.logits, batch["padding_mask"])
+    assert (got - alone).abs().max().item() <= 1e-5
+    assert abs(out.aux_loss.item() - ref.aux_loss.item()) <= 1e-6
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5
+
+
+def test_trainer_two_steps_moe_packed_equals_padded(tmp_path):
+    """A real transformers.Trainer, two optimizer steps with gradient accumulation, Qwen3-MoE with
+    output_router_logits=True in its config: packed (prepared model) == padded batches (unprepared)."""
+    from transformers import Trainer, TrainingArguments
+
+    from seqpack.hf import prepare_model
+
+    samples = _samples((9, 4, 6, 12, 3, 7, 5, 8), seed=3)
+    finals = {}
+    for name in ("packed", "padded"):
+        model = _tiny_moe("qwen3_moe", output_router_logits=True)
+        if name == "packed":
+            prepare_model(model)  # once, before Trainer(...)
+            coll = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=8, format="hf", config=model.config)
+        else:
+            coll = PaddedCollator(pad_token_id=0)
+        args = TrainingArguments(str(tmp_path / name), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                 max_steps=2, optim="sgd", learning_rate=0.5, report_to=[], seed=0,
+                                 lr_scheduler_type="constant", save_strategy="no")
+        Trainer(model=model, args=args, train_dataset=samples, data_collator=coll).train()
+        finals[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    start = dict(_tiny_moe("qwen3_moe").named_parameters())
+    assert max((finals["packed"][n] - start[n]).abs().max().item() for n in start) > 1e-3
+    assert _max_diff(finals["packed"], finals["padded"]) <= 1e-5
+
+
+def test_router_statistics_refused_without_prepare_model():
+    """Unprepared: the config check refuses by name (no crash inside transformers); prepared: a packed batch
+    that lost its padding_mask is refused instead of counting padding."""
+    from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support
+    from seqpack.hf import prepare_model
+
+    model = _tiny_moe("mixtral", output_router_logits=True)
+    with pytest.raises(PackingUnsupportedError, match="prepare_model") as e:
+        check_packed_support(model.config)
+    assert e.value.model_type == "mixtral" and e.value.layer_kind == "moe_router"
+    samples = _samples((5, 6))
+    with pytest.raises(PackingUnsupportedError, match="prepare_model"):
+        _hf_batch(model, samples)  # the collator refuses at the first call
+    model.config.output_router_logits = False
+    hf = _hf_batch(model, samples)  # built without router statistics, then asked for them
+    model.config.output_router_logits = True
+    assert "padding_mask" not in hf
+    with pytest.raises(Exception, match="shape|size|view"):  # what transformers does with the 4-D mask
+        model(**hf)
+    from seqpack.hf import install_packing_guard
+
+    handle = install_packing_guard(model)  # the guard refuses by name instead
+    with pytest.raises(PackingUnsupportedError, match="prepare_model"):
+        model(**hf)
+    model.config.output_router_logits = False
+    with pytest.raises(PackingUnsupportedError, match="prepare_model"):
+        model(**hf, output_router_logits=True)
+    assert model(**hf).loss is not None  # no router statistics asked: runs
+    handle.remove()
+    model.config.output_router_logits = True
+    prepare_model(model)
+    check_packed_support(model.config)
+    with pytest.raises(PackingUnsupportedError, match="carries no padding_mask"):
+        model(**hf)
+    with pytest.raises(PackingUnsupportedError, match="no load_balancing_loss_func"):
+        from test_hf import _model
+
+        prepare_model(_model())

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import torch
 
-from seqpack.adapters import as_batch, to_hf_inputs
+from seqpack.adapters import to_hf_inputs
 from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support
 from seqpack.collate import PackedCollator
 from seqpack.loss import packed_cross_entropy
@@ -130,11 +130,18 @@ def check_hf_inputs(inputs: Mapping[str, Any], *, attn_implementation: str | Non
 
 def _guard_hook(module, args, kwargs):
     check_hf_inputs(kwargs, attn_implementation=getattr(module.config, "_attn_implementation", None))
+    mask = kwargs.get("attention_mask")
+    if (isinstance(mask, torch.Tensor) and mask.dim() == 4) or isinstance(mask, Mapping) \
+            or kwargs.get("cu_seq_lens_q") is not None:  # a packed batch: the architecture must take it
+        check_packed_support(module.config, output_router_logits=kwargs.get("output_router_logits"))
     return None
 
 
 def install_packing_guard(model: torch.nn.Module):
-    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`).
+    """Make ``model`` refuse inputs that would cross-attend (see :func:`check_hf_inputs`), and packed
+    inputs (a 4-D or per-layer mask, ``cu_seq_lens_q``) for an architecture that cannot take them or for
+    router statistics on a model :func:`prepare_model` did not prepare
+    (:func:`seqpack.adapters.architecture.check_packed_support`, ``PackingUnsupportedError``).
 
     Registers a forward pre-hook (``with_kwargs=True``) on ``model``; returns the hook handle
     (``handle.remove()`` undoes it). Useful around third-party trainers and collators.
@@ -197,7 +204,6 @@ def hf_inputs(model, batch: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: an attention implementation or pattern seqpack cannot mask exactly (the reason named).
     """
-    check_packed_support(model.config, router_hook=False)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"packed_forward supports attn_implementation in {ATTN_IMPLEMENTATIONS}; model has {impl!r}")
@@ -244,7 +250,6 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
         KeyError: the batch lacks boundary arrays.
         ValueError: an image row without ``pixel_values`` (fix: ``load_packed(..., load_media=True)``).
     """
-    check_packed_support(model.config, router_hook=False)
     batch = _as_mapping(batch)
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
@@ -253,14 +258,13 @@ def packed_forward(model, batch: Mapping[str, Any], *, compute_loss: bool = True
             f"cu_seqlens_padded, and a 2-D mask next to packed positions cross-attends (B01). {_FIX}"
         )
     _refuse_image_row_without_pixels(model, batch, kwargs)
-    inputs = hf_inputs(model, batch)
     kwargs.setdefault("use_cache", False)
     want_router = kwargs.get("output_router_logits")
     if want_router is None:
         want_router = bool(getattr(model.config, "output_router_logits", False))
-    if want_router:
-        prepare_model(model)
-        inputs["padding_mask"] = as_batch(batch)["padding_mask"].to(inputs["input_ids"].device)
+    if want_router or getattr(model.config, "output_router_logits", False):
+        prepare_model(model)  # hf_inputs then carries padding_mask, which the router hook pops
+    inputs = hf_inputs(model, batch)
     # the loss is ours, not HF's ForCausalLMLoss: its mean over 0 targets is NaN (0/0)
     inputs.pop("labels", None)
     shift = inputs.pop("shift_labels", None)

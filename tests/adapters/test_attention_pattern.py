@@ -118,12 +118,9 @@ def test_refusals_name_the_model_and_the_reason():
         attention_pattern(SimpleNamespace(model_type="toy", layer_types=["sliding_attention"], sliding_window=None))
     with pytest.raises(ValueError, match="bidirectional"):
         attention_pattern(SimpleNamespace(model_type="toy", is_causal=False))
-    # an older Qwen2-style config: mixed layers, no layer_types -> the model takes one mask; refused
-    old = SimpleNamespace(model_type="qwen2", num_hidden_layers=2, use_sliding_window=True, sliding_window=2,
-                          max_window_layers=1)
-    assert [lay.kind for lay in attention_pattern(old).layers] == ["full", "sliding"]
-    with pytest.raises(ValueError, match="model_type 'qwen2' has layers of different attention kinds.*no config"):
-        model_attention_inputs(row, old, "sdpa")
+    with pytest.raises(ValueError, match="'compressed_sparse_attention': its key/value compressor pools tokens"):
+        attention_pattern(SimpleNamespace(model_type="deepseek_v4", sliding_window=4,
+                                          layer_types=["compressed_sparse_attention"]))
     with pytest.raises(ValueError, match="needs config=model.config"):
         to_hf_inputs(row, "sdpa")
     with pytest.raises(ValueError, match="attn_implementation='eager' but config._attn_implementation is 'sdpa'"):
@@ -135,9 +132,12 @@ def test_refusals_name_the_model_and_the_reason():
                                config=SimpleNamespace(model_type="toy", layer_types=["odd_attention"]))
 
 
-def test_pattern_fallbacks_without_layer_types():
-    g = SimpleNamespace(model_type="gemma3_text", num_hidden_layers=6, sliding_window=4, sliding_window_pattern=3)
-    assert [lay.kind for lay in attention_pattern(g).layers] == ["sliding", "sliding", "full"] * 2
+def test_pattern_without_layer_types():
+    # as transformers' modeling files without layer_types: one window for every layer (Qwen3-MoE ignores
+    # max_window_layers)
+    q = SimpleNamespace(model_type="qwen3_moe", num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
+                        max_window_layers=1)
+    assert attention_pattern(q).layers == (LayerAttention("sliding", 4),) * 3 and not attention_pattern(q).keyed
     off = SimpleNamespace(model_type="qwen3", num_hidden_layers=2, use_sliding_window=False, sliding_window=4)
     assert attention_pattern(off).layers == (LayerAttention("full"),) * 2
     ch = SimpleNamespace(model_type="toy", num_hidden_layers=1, attention_chunk_size=8)

@@ -16,6 +16,7 @@ family names. A model is refused when some layer cannot keep packed segments apa
 - **ALiBi built from a 2-D mask** (Bloom; Falcon with ``alibi=True``): ``build_alibi_tensor`` unpacks
   ``attention_mask.shape`` as ``(batch, seq)``, so a 4-D block mask raises inside the model, and a 2-D
   mask over a packed row lets segments attend to each other.
+- **a mask of its own** (CPM-Ant, :data:`OWN_MASK_MODEL_TYPES`): the model ignores ``attention_mask``.
 - **MoE router statistics** (``output_router_logits=True``) through ``model(**batch)`` when the model was
   not prepared with ``seqpack.hf.prepare_model``: transformers' ``load_balancing_loss_func`` reads the
   4-D mask as a padding mask (crash) or, with flash-attn inputs, counts padding slots.
@@ -33,10 +34,13 @@ __all__ = [
     "STATE_LAYER_KINDS",
     "STATE_LAYER_TYPES",
     "STATE_MODEL_TYPES",
+    "ALIBI_FROM_2D_MASK",
+    "OWN_MASK_MODEL_TYPES",
     "check_packed_support",
     "check_model_type",
     "model_type_problem",
     "packed_support_problem",
+    "extra_hf_inputs",
     "mark_router_prepared",
     "router_prepared",
 ]
@@ -94,6 +98,12 @@ STATE_MODEL_TYPES: dict[str, str] = {
 #: ALiBi on, or None when it is always on).
 ALIBI_FROM_2D_MASK: dict[str, str | None] = {"bloom": None, "falcon": "alibi"}
 
+#: model types that build their attention mask from inputs of their own and ignore ``attention_mask``
+OWN_MASK_MODEL_TYPES: dict[str, str] = {
+    "cpmant": "CPM-Ant builds its attention mask from its own span/context/length inputs "
+              "(CpmAntModel._prepare_attention_mask) and ignores attention_mask",
+}
+
 _PREPARED: dict[int, Any] = {}  # id(config) -> weakref to the config of a model prepare_model hooked
 
 
@@ -142,7 +152,14 @@ def _alibi_problem(model_type: str, cfg: Any) -> PackingUnsupportedError | None:
         "to each other")
 
 
-def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingUnsupportedError | None:
+def _own_mask_problem(model_type: str) -> PackingUnsupportedError | None:
+    why = OWN_MASK_MODEL_TYPES.get(model_type)
+    return None if why is None else PackingUnsupportedError(
+        model_type, "own_mask", f"{why}, so the block-diagonal mask of a packed row never reaches its attention")
+
+
+def packed_support_problem(config: Any, *, router_hook: bool = True,
+                           output_router_logits: bool | None = None) -> PackingUnsupportedError | None:
     """The reason ``config``'s model cannot run packed rows exactly, or None (module docstring).
 
     Args:
@@ -150,6 +167,7 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
             text config); read with ``getattr`` only.
         router_hook: also refuse ``output_router_logits=True`` on a model that ``seqpack.hf.prepare_model``
             has not prepared (``packed_forward`` prepares the model itself and passes False).
+        output_router_logits: the call's own ``output_router_logits`` (None: the config's).
 
     Returns:
         a :class:`PackingUnsupportedError` (not raised), or None.
@@ -157,8 +175,10 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
     cfg = _text_config(config)
     model_type = str(getattr(cfg, "model_type", None) or getattr(config, "model_type", ""))
     lt = getattr(cfg, "layer_types", None)
-    found = _state_problem(model_type, lt if isinstance(lt, (list, tuple)) else None) or _alibi_problem(model_type, cfg)
-    if found is None and router_hook and getattr(cfg, "output_router_logits", False) and not router_prepared(config):
+    found = (_state_problem(model_type, lt if isinstance(lt, (list, tuple)) else None)
+             or _alibi_problem(model_type, cfg) or _own_mask_problem(model_type))
+    wants = getattr(cfg, "output_router_logits", False) if output_router_logits is None else output_router_logits
+    if found is None and router_hook and wants and not router_prepared(config):
         found = PackingUnsupportedError(
             model_type, "moe_router",
             "output_router_logits=True, and transformers' load_balancing_loss_func reads attention_mask as a 2-D "
@@ -169,13 +189,13 @@ def packed_support_problem(config: Any, *, router_hook: bool = True) -> PackingU
     return found
 
 
-def check_packed_support(config: Any, *, router_hook: bool = True) -> None:
+def check_packed_support(config: Any, *, router_hook: bool = True, output_router_logits: bool | None = None) -> None:
     """Raise :class:`PackingUnsupportedError` when ``config``'s model cannot run packed rows exactly.
 
     See :func:`packed_support_problem` for the arguments; the message names the model type, the layer
     kind and what to do instead.
     """
-    found = packed_support_problem(config, router_hook=router_hook)
+    found = packed_support_problem(config, router_hook=router_hook, output_router_logits=output_router_logits)
     if found is not None:
         raise found
 
@@ -186,7 +206,7 @@ def model_type_problem(model_type: str) -> PackingUnsupportedError | None:
     build ALiBi from a 2-D mask (Bloom; Falcon only with ``alibi=True``, so not here). None when it packs."""
     if ALIBI_FROM_2D_MASK.get(model_type, "") is None:
         return _alibi_problem(model_type, None)
-    return _state_problem(model_type, None)
+    return _state_problem(model_type, None) or _own_mask_problem(model_type)
 
 
 def check_model_type(model_type: str) -> None:
@@ -194,6 +214,25 @@ def check_model_type(model_type: str) -> None:
     found = model_type_problem(model_type)
     if found is not None:
         raise found
+
+
+def extra_hf_inputs(config: Any, padding_mask: Any) -> dict[str, Any]:
+    """What a ``format="hf"`` batch built for ``config``'s model needs beside the attention inputs, after
+    :func:`check_packed_support` (``to_hf_inputs(config=...)`` and the collators given ``config=`` call it).
+
+    Args:
+        config: the model's config (``model.config``).
+        padding_mask: bool ``[1, T]``, True = pad (the batch's ``padding_mask``).
+
+    Returns:
+        ``{"padding_mask": padding_mask}`` when ``seqpack.hf.prepare_model`` hooked the model (its hook pops
+        the key before the model runs and counts router statistics over real tokens only), else ``{}``.
+
+    Raises:
+        PackingUnsupportedError: as :func:`check_packed_support`.
+    """
+    check_packed_support(config)
+    return {"padding_mask": padding_mask} if router_prepared(config) else {}
 
 
 def mark_router_prepared(config: Any) -> None:

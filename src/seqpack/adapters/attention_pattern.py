@@ -5,10 +5,15 @@ and the ``causal_mask_mapping`` dicts of the ``modeling_*.py`` files): a config 
 one mask per layer type (``LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING``: ``full_attention`` causal,
 ``sliding_attention`` a window of ``config.sliding_window``, ``chunked_attention`` chunks of
 ``config.attention_chunk_size``); otherwise every layer slides when ``config.sliding_window`` is set
-(Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE), is chunked when ``attention_chunk_size`` is set,
-and is plain causal otherwise. Configs of older transformers without ``layer_types`` are read through
-``use_sliding_window`` + ``max_window_layers`` (Qwen2: layers ``i >= max_window_layers`` slide) and
-``sliding_window_pattern`` (Gemma-3 / Cohere2: layer ``i`` slides unless ``(i + 1) % pattern == 0``).
+(Mistral, Mixtral, Phi-3, Starcoder2; Qwen3-MoE with ``use_sliding_window``, whose modeling file slides
+every layer whatever ``max_window_layers`` says), is chunked when ``attention_chunk_size`` is set, and
+is plain causal otherwise. ``use_sliding_window=False`` means no window (Qwen configs keep a
+``sliding_window`` value then). Where ``layer_types`` exists, ``max_window_layers`` and
+``sliding_window_pattern`` are already folded into it by the config class.
+
+Refused: layer types whose keys and values are pooled along the whole row (DeepSeek-V4's
+``compressed_sparse_attention`` / ``heavily_compressed_attention``: their compressors run across packed
+segments, so no mask makes them exact) and any attention layer type not listed here.
 
 Window semantics (transformers' ``sliding_window_overlay``): key ``k`` is visible to query ``q`` iff
 ``q - W < k <= q``, i.e. a window of ``W`` tokens including the query itself. Chunks
@@ -29,11 +34,14 @@ _LAYER_TYPES: dict[str, tuple[str, str | None]] = {
     "indexed_attention": ("full", None),
     "minimax_m3_sparse": ("full", None),
     "sliding_attention": ("sliding", "sliding_window"),
-    "compressed_sparse_attention": ("sliding", "sliding_window"),
-    "heavily_compressed_attention": ("sliding", "sliding_window"),
     "chunked_attention": ("chunked", "attention_chunk_size"),
     "linear_attention": ("none", None),
     "conv": ("none", None),
+}
+#: attention layer types no mask makes exact, with the reason.
+_REFUSED = {
+    "compressed_sparse_attention": "its key/value compressor pools tokens along the whole row, across packed segments",
+    "heavily_compressed_attention": "its key/value compressor pools tokens along the whole row, across packed segments",
 }
 _HYBRID = {"hybrid": {"full_attention": "full_attention", "linear_attention": "linear_attention"},
            # transformers builds a plain causal mask under the "sliding_attention" key of a hybrid_sliding layer
@@ -132,25 +140,18 @@ def attention_pattern(config: Any) -> AttentionPattern:
     window = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) is False or window in (0, False):
         window = None
-    chunk = getattr(cfg, "attention_chunk_size", None)
-    kinds: list[str] = ["full_attention"] * max(n, 1)
-    if window is not None:
-        first = getattr(cfg, "max_window_layers", None) if getattr(cfg, "use_sliding_window", None) else None
-        pattern = getattr(cfg, "sliding_window_pattern", None) or getattr(cfg, "_sliding_window_pattern", None)
-        if first is not None:
-            kinds = ["sliding_attention" if i >= int(first) else "full_attention" for i in range(max(n, 1))]
-        elif pattern:
-            kinds = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(max(n, 1))]
-        else:
-            kinds = ["sliding_attention"] * max(n, 1)
-    elif chunk is not None:
-        kinds = ["chunked_attention"] * max(n, 1)
-    pat = _from_layer_types(cfg, kinds, model_type)
+    kind = ("sliding_attention" if window is not None
+            else "chunked_attention" if getattr(cfg, "attention_chunk_size", None) is not None else "full_attention")
+    pat = _from_layer_types(cfg, [kind] * max(n, 1), model_type)
     return AttentionPattern(model_type, pat.layers, pat.masks, keyed=False)
 
 
 def _from_layer_types(cfg: Any, layer_types: list[str], model_type: str) -> AttentionPattern:
     def one(t: str) -> LayerAttention:
+        if t in _REFUSED:
+            raise ValueError(f"model_type {model_type!r} has layers of type {t!r}: {_REFUSED[t]}, so packed segments "
+                             "would see each other whatever the mask; train this model on padded batches "
+                             "(seqpack.collate.PaddedCollator)")
         if t not in _LAYER_TYPES:
             if "attention" in t:
                 raise ValueError(

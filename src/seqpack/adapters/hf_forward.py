@@ -18,6 +18,7 @@ from seqpack.packed.masks import ATTN_IMPLEMENTATIONS, attention_inputs
 from seqpack.packed.mrope import mrope_from_image_tokens
 from seqpack.sample import unshift_labels
 
+from .architecture import extra_hf_inputs
 from .attention_pattern import LayerAttention, attention_pattern
 from .batch import as_batch
 
@@ -80,19 +81,13 @@ def model_attention_inputs(batch: Mapping[str, Any], config: Any, attn_implement
 
     Raises:
         ValueError: as :func:`resolve_attn_implementation` and
-            :func:`~seqpack.adapters.attention_pattern.attention_pattern`; layers of different kinds in a
-            model whose config has no ``layer_types`` (no way to hand each its mask); chunked layers under
-            flash-attn with a segment longer than a chunk.
+            :func:`~seqpack.adapters.attention_pattern.attention_pattern`; chunked layers under flash-attn
+            with a segment longer than a chunk.
     """
     impl = resolve_attn_implementation(config, attn_implementation)
     pattern = attention_pattern(config)
     b = as_batch(batch)
     kinds = pattern.attention_kinds
-    if len(kinds) > 1 and not pattern.keyed:
-        raise ValueError(
-            f"model_type {pattern.model_type!r} has layers of different attention kinds "
-            f"({sorted((k.kind, k.size) for k in kinds)}) but no config.layer_types, so it takes one mask for "
-            "all layers and seqpack cannot give each layer its own; train it on padded batches")
 
     def build(layer):
         return attention_inputs(b["seq_idx"], b["padding_mask"], b["cu_seqlens_padded"], b["max_seqlen"], impl,
@@ -149,6 +144,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
     resolve_attn_implementation(config, attn_implementation, what="to_hf_inputs")
     b = as_batch(batch)
     dev = device if device is not None else b["input_ids"].device
+    extra = extra_hf_inputs(config, b["padding_mask"].to(dev))  # refuses what cannot pack (architecture)
     out: dict[str, Any] = {
         "input_ids": b["input_ids"].to(dev),
         "position_ids": b["position_ids"].to(dev),
@@ -161,6 +157,7 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
         out["labels"] = unshift_labels(lab, b["cu_seqlens_padded"], final_target="drop").to(dev)
         out["shift_labels"] = lab.to(dev)
     out.update(model_attention_inputs(b, config, attn_implementation, mask_dtype=mask_dtype, device=dev))
+    out.update(extra)
     for k in MEDIA_KEYS:  # VLM inputs travel as they are (segment order)
         if batch.get(k) is not None:
             out[k] = batch[k].to(dev) if isinstance(batch[k], torch.Tensor) else batch[k]
