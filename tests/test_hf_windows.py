@@ -169,3 +169,32 @@ def test_flex_attention_forward(name, monkeypatch):
         ref = _alone_logits(ref_model, samples)
         got = gather_real(packed_forward(model, batch, compute_loss=False).logits, batch["padding_mask"])
     assert (got - ref).abs().max().item() <= TOL
+
+
+def test_llama4_temperature_tuning_rows_refused_from_floor_scale():
+    """Llama-4 NoPE layers scale queries by the slot index in the row: exact below floor_scale, refused from it."""
+    import transformers as T
+
+    cfg = T.Llama4TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, attention_chunk_size=W, head_dim=8,
+                             intermediate_size_mlp=64, num_local_experts=2, no_rope_layers=[1, 0], floor_scale=16)
+    samples = random_samples((9, 13), vocab=V, seed=7)
+    with pytest.raises(ValueError, match="22 slots with 2 segments is not exact: its attention temperature tuning"):
+        InBatchPackingCollator(pad_token_id=0, format="hf", config=cfg, attn_implementation="sdpa")(samples)
+    # the refusal is needed: this row really differs from the samples alone
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    batch = InBatchPackingCollator(pad_token_id=0)(samples)
+    short = InBatchPackingCollator(pad_token_id=0, format="hf", config=model.config)(samples[:1])
+    with torch.no_grad():
+        ref = _alone_logits(model, samples)
+        args = (batch["seq_idx"], batch["padding_mask"], batch["cu_seqlens_padded"], batch["max_seqlen"], "sdpa")
+        mask = {"chunked_attention": attention_inputs(*args, chunk_size=W)["attention_mask"],
+                "full_attention": attention_inputs(*args)["attention_mask"]}
+        got = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask).logits
+        assert (got[0] - ref).abs().max().item() > 1e-5
+        # one segment: slot index == position, exact
+        one = model(**{k: v for k, v in short.items() if k not in ("labels", "shift_labels")}).logits[0]
+        assert (one - ref[:9]).abs().max().item() <= TOL

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["LayerAttention", "AttentionPattern", "attention_pattern", "text_config"]
+__all__ = ["LayerAttention", "AttentionPattern", "attention_pattern", "slot_position_limit", "text_config"]
 
 #: transformers layer types -> (kind, config field holding the size); ``hybrid`` types expand to two keys
 #: as in ``masking_utils.LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING``.
@@ -169,3 +169,24 @@ def _from_layer_types(cfg: Any, layer_types: list[str], model_type: str) -> Atte
             masks.setdefault(key, one(as_type))
         layers.append(one(t) if t not in _HYBRID else masks[next(iter(keys))])
     return AttentionPattern(model_type, tuple(layers), masks, keyed=True)
+
+
+def slot_position_limit(config: Any) -> tuple[int, str] | None:
+    """The packed-row length from which the model reads a token's slot index in the row as its position.
+
+    Llama-4's attention temperature tuning (``attn_temperature_tuning``, NoPE layers) scales queries by
+    ``log1p(floor((i + 1) / floor_scale))`` with ``i`` the slot index in the row (``arange(T)``), not the
+    token's position in its sample. All scales are 1 while ``T < floor_scale``, so shorter rows are exact.
+
+    Returns:
+        ``(limit, reason)``: rows of ``limit`` slots or more with more than one segment are inexact; None
+        when the model reads no slot index.
+    """
+    cfg = text_config(config)
+    nope = getattr(cfg, "no_rope_layers", None)
+    if getattr(cfg, "attn_temperature_tuning", False) and nope and any(not int(x) for x in nope):
+        fs = int(getattr(cfg, "floor_scale", 8192))
+        return fs, (f"its attention temperature tuning (attn_temperature_tuning=True, floor_scale={fs}) scales the "
+                    "queries of NoPE layers by each token's slot index in the row instead of its position in the "
+                    "sample")
+    return None

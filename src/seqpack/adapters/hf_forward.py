@@ -19,7 +19,7 @@ from seqpack.packed.mrope import mrope_from_image_tokens
 from seqpack.sample import unshift_labels
 
 from .architecture import extra_hf_inputs
-from .attention_pattern import LayerAttention, attention_pattern
+from .attention_pattern import LayerAttention, attention_pattern, slot_position_limit
 from .batch import as_batch
 
 __all__ = ["MEDIA_KEYS", "to_hf_inputs", "model_attention_inputs", "resolve_attn_implementation"]
@@ -82,12 +82,19 @@ def model_attention_inputs(batch: Mapping[str, Any], config: Any, attn_implement
     Raises:
         ValueError: as :func:`resolve_attn_implementation` and
             :func:`~seqpack.adapters.attention_pattern.attention_pattern`; chunked layers under flash-attn
-            with a segment longer than a chunk.
+            with a segment longer than a chunk; a row of several segments at least as long as
+            :func:`~seqpack.adapters.attention_pattern.slot_position_limit` (Llama-4 temperature tuning).
     """
     impl = resolve_attn_implementation(config, attn_implementation)
     pattern = attention_pattern(config)
     b = as_batch(batch)
     kinds = pattern.attention_kinds
+    limit = slot_position_limit(config)
+    T, n = int(b["input_ids"].shape[-1]), int((b["cu_seqlens"].diff() > 0).sum())  # segments with real tokens
+    if limit is not None and T >= limit[0] and n > 1:
+        raise ValueError(f"model_type {pattern.model_type!r}: a packed row of {T} slots with {n} segments is not exact: "
+                         f"{limit[1]}; pack rows shorter than {limit[0]} slots (seq_length < {limit[0]}) or "
+                         "set attn_temperature_tuning=False where the checkpoint allows")
 
     def build(layer):
         return attention_inputs(b["seq_idx"], b["padding_mask"], b["cu_seqlens_padded"], b["max_seqlen"], impl,
