@@ -86,7 +86,7 @@ _HEAD_KEYS = {"num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_
               "swa_num_attention_heads"}
 _KV_KEYS = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_query_groups", "swa_num_key_value_heads"}
 _HEAD_DIM_KEYS = {"head_dim", "dim_head", "d_head", "attention_head_size", "attention_head_dim", "kv_channels",
-                  "swa_head_dim", "rotary_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "linear_key_head_dim",
+                  "swa_head_dim", "rotary_dim", "v_head_dim", "linear_key_head_dim",
                   "linear_value_head_dim", "index_head_dim", "linear_head_dim", "mamba_d_head", "mamba_head_dim"}
 _EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"}
 _TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token"}
@@ -95,7 +95,8 @@ _ONE_KEYS = {"n_shared_experts", "num_shared_experts", "moe_num_shared_experts",
 _WINDOW_KEYS = {"sliding_window", "attention_chunk_size", "sliding_window_size", "attention_window_size",
                 "local_attention_window_len", "window_size"}
 _POS_KEYS = {"max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_target_positions"}
-_SMALL_DIM_KEYS = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_head_dim": 16, "linear_num_key_heads": 2,
+_SMALL_DIM_KEYS = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_head_dim": 2 * HEAD_DIM, "qk_rope_head_dim": HEAD_DIM,
+                   "qk_nope_head_dim": HEAD_DIM, "linear_num_key_heads": 2,
                    "linear_num_value_heads": 4, "index_n_heads": 2, "mamba_d_state": 8, "state_size": 8,
                    "ssm_state_size": 8, "mamba_n_heads": 4, "mamba_num_heads": 4, "linear_num_heads": 4,
                    "index_topk": 4, "laurel_rank": 4}
@@ -105,6 +106,10 @@ _ZERO_SUFFIXES = ("dropout", "pdrop", "dropout_prob", "dropout_p", "layerdrop", 
 OVERRIDES: dict[str, dict[str, Any]] = {
     # block_types is a repeating pattern (recurrent, recurrent, attention), not one entry per layer
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "num_hidden_layers": 2},
+    # the last num_kv_shared_layers layers reuse the KV of earlier ones: keep one sharer per kind
+    "gemma3n_text": {"num_kv_shared_layers": 2},
+    # its sliding-window layers check head_dim == qk_nope_head_dim + qk_rope_head_dim
+    **dict.fromkeys(("dots3_note_text", "dots3_note"), {"head_dim": 2 * HEAD_DIM}),
 }
 
 
@@ -143,6 +148,9 @@ def _shrink(d: dict, *, top: bool) -> dict:
             continue
         if isinstance(v, bool):
             continue
+        if k in _FFN_KEYS | _MOE_FFN_KEYS and isinstance(v, list) and all(isinstance(x, int) for x in v):
+            out[k] = [INTERMEDIATE if k in _FFN_KEYS else MOE_INTERMEDIATE] * len(v)  # per-layer sizes
+            continue
         if isinstance(v, float) and any(k.endswith(s) for s in _ZERO_SUFFIXES) and v > 0:
             out[k] = 0.0
         if not isinstance(v, int):
@@ -162,7 +170,7 @@ def _shrink(d: dict, *, top: bool) -> dict:
         elif k in _EXPERT_KEYS:
             out[k] = EXPERTS
         elif k in _TOPK_KEYS:
-            out[k] = TOP_K
+            out[k] = min(v, TOP_K)
         elif k in _ONE_KEYS:
             out[k] = min(v, 1)
         elif k in _WINDOW_KEYS and v > WINDOW:
@@ -540,7 +548,7 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
             warnings.simplefilter("ignore")
             cfg = tiny_config(model_type)
     except Exception as e:
-        o.reason = f"tiny config does not build: {_msg(e, 200)}"
+        o.reason = f"{_default_validates(model_type)}: {_msg(e, 200)}"
         return _done(o, t0)
     o.layer_kinds = layer_kinds(cfg)
     o.kinds_lost = _kinds_lost(model_type, cfg)
@@ -576,6 +584,20 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
     if bad:
         o.reason = "; ".join(f"{p}: {o.paths[p].get('error') or _fmt(o.paths[p])}" for p in bad)
     return _done(o, t0)
+
+
+def _default_validates(model_type: str) -> str:
+    """Whether transformers' own default config of ``model_type`` validates, to tell a default that is
+    invalid in the installed transformers from a tiny config the shrinking broke."""
+    from transformers import AutoConfig
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            AutoConfig.for_model(model_type)
+    except Exception:
+        return "the default config itself does not validate"
+    return "the tiny config does not validate"
 
 
 def _default_builds(model_type: str) -> str:
