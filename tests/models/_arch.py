@@ -70,6 +70,20 @@ CHATS = [
                   {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "6"}]},
 ]
 
+#: Model types that mismatch today and that seqpack neither makes exact nor refuses yet: each is an
+#: expected failure with the layer it breaks on, shown as ``mismatch`` in README's table; one that
+#: stops mismatching (made exact or refused) fails until it is removed here.
+OPEN = {
+    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"),
+                    "indexed (DSA) attention: the indexer's top-k key selection runs over the whole packed row"),
+    "deepseek_v4": "compressed attention: the compressor pools across segments; refused at the first call, but "
+                   "by a plain ValueError of attention_pattern, not PackingUnsupportedError",
+    "moshi": "sliding_window without layer_types: its mask is built in the model, the window is not applied",
+    **dict.fromkeys(("openai-gpt", "trocr", "xlnet"),
+                    "positions or the attention mask are not taken from position_ids / a 4-D mask "
+                    "(absolute positions continue across segments, or the model rejects a 4-D mask)"),
+}
+
 # --------------------------------------------------------------------------------------------- configs
 
 _HIDDEN_KEYS = {"hidden_size", "n_embd", "d_model", "dim", "embed_dim", "emb_dim", "n_embed", "embedding_size",
@@ -463,7 +477,7 @@ def run_paths(model, samples, rows) -> dict[str, dict[str, Any]]:
         try:
             results[name] = fn()
         except Exception as e:  # recorded, the test fails on it
-            results[name] = {"ok": False, "error": f"{_msg(e, 300)}"}
+            results[name] = {"ok": False, "error": _msg(e, 600)}
 
     def hf_path():
         thd = InBatchPackingCollator(pad_token_id=0, pad_to_multiple_of=PAD_MULTIPLE)(samples)
@@ -580,6 +594,12 @@ def run_model_type(model_type: str, arch: str, samples, rows) -> Outcome:
             return _done(o, t0)
         o.paths = run_paths(model, samples, rows)
     bad = [p for p, r in o.paths.items() if not r["ok"]]
+    refusals = {r.get("error", "") for r in o.paths.values()}
+    if len(bad) == len(o.paths) and all(e.startswith("PackingUnsupportedError: ") for e in refusals):
+        # refused at the first packed call on every path (a check beyond the config-level one)
+        o.status, o.reason = "refused", sorted(refusals)[0].split(": ", 1)[1]
+        o.paths = {"forward": {"ok": True, "error": o.reason}}
+        return _done(o, t0)
     o.status = "mismatch" if bad else "exact"
     if bad:
         o.reason = "; ".join(f"{p}: {o.paths[p].get('error') or _fmt(o.paths[p])}" for p in bad)

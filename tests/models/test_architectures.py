@@ -24,18 +24,7 @@ import support_table  # noqa: E402
 
 TYPES = _arch.causal_lm_types()
 
-#: Model types that mismatch today and that seqpack neither makes exact nor refuses yet: each is an
-#: expected failure with the layer it breaks on, shown as ``mismatch`` in README's table; one that
-#: stops mismatching (made exact or refused) fails until it is removed here.
-OPEN = {
-    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"),
-                    "indexed (DSA) attention: the indexer's top-k key selection runs over the whole packed row"),
-    "deepseek_v4": "compressed / hash-routed attention: key compression runs across segment boundaries",
-    "moshi": "sliding_window without layer_types: its mask is built in the model, the window is not applied",
-    **dict.fromkeys(("openai-gpt", "trocr", "xlnet"),
-                    "positions or the attention mask are not taken from position_ids / a 4-D mask "
-                    "(absolute positions continue across segments, or the model rejects a 4-D mask)"),
-}
+OPEN = _arch.OPEN
 
 
 @pytest.fixture(scope="module")
