@@ -33,11 +33,9 @@ tokens, shorter than every sample.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import time
-import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -73,16 +71,7 @@ CHATS = [
 #: Model types that mismatch today and that seqpack neither makes exact nor refuses yet: each is an
 #: expected failure with the layer it breaks on, shown as ``mismatch`` in README's table; one that
 #: stops mismatching (made exact or refused) fails until it is removed here.
-OPEN = {
-    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"),
-                    "indexed (DSA) attention: the indexer's top-k key selection runs over the whole packed row"),
-    "deepseek_v4": "compressed attention: the compressor pools across segments; refused at the first call, but "
-                   "by a plain ValueError of attention_pattern, not PackingUnsupportedError",
-    "moshi": "sliding_window without layer_types: its mask is built in the model, the window is not applied",
-    **dict.fromkeys(("openai-gpt", "trocr", "xlnet"),
-                    "positions or the attention mask are not taken from position_ids / a 4-D mask "
-                    "(absolute positions continue across segments, or the model rejects a 4-D mask)"),
-}
+OPEN: dict[str, str] = {}
 
 # --------------------------------------------------------------------------------------------- configs
 
@@ -461,7 +450,6 @@ def compare(model, ref, logits, seg_of, loss) -> dict[str, Any]:
 
 def run_paths(model, samples, rows) -> dict[str, dict[str, Any]]:
     """Every packed path of :data:`PATHS` against the per-sample reference (module docstring)."""
-    import torch
 
     from seqpack.collate import InBatchPackingCollator, PackedCollator
     from seqpack.hf import packed_forward
@@ -652,7 +640,6 @@ def _done(o: Outcome, t0: float) -> Outcome:
 
 def run_matrix(tmp: Path, types: list[tuple[str, str]] | None = None, log=None) -> list[Outcome]:
     """Every model type of :func:`causal_lm_types` (or ``types``) through :func:`run_model_type`."""
-    import torch
 
     samples, rows = make_samples(tmp)
     out = []

@@ -45,13 +45,13 @@ def _detail(o) -> str:
         bad = ", ".join(p for p, r in o["paths"].items() if not r["ok"])
         why = _arch.OPEN.get(o["model_type"], "unexpected")
         return _cell(f"not exact and not refused yet ({bad}): {why}")
-    return _cell(o["reason"])
+    return _cell(re.sub(r"^seqpack cannot pack model_type '[^']*' exactly: ", "", str(o["reason"])))
 
 
 def render(outcomes) -> str:
-    """Markdown for the outcomes (``Outcome`` objects or their ``to_json()`` dicts): a summary line, then
-    one table row per model type, grouped exact / refused / mismatch / skipped, by model type within a
-    group. Deterministic: no timings and no numeric differences (those differ between machines)."""
+    """Markdown for the outcomes (``Outcome`` objects or their ``to_json()`` dicts): a summary line, the
+    exact model types in one line, a table of the refused (and any not-exact) ones with the reason, and the
+    skipped ones in a collapsed table; by model type within a group. Deterministic: no timings and no numeric differences (those differ between machines)."""
     rows = [o if isinstance(o, dict) else o.to_json() for o in outcomes]
     rows.sort(key=lambda o: (_STATUS_ORDER[o["status"]], o["model_type"]))
     counts = {s: sum(o["status"] == s for o in rows) for s in _STATUS_ORDER}
@@ -67,11 +67,28 @@ def render(outcomes) -> str:
         "`StreamingPacker` rows. "
         + ", ".join(f"{counts[s]} {s}" for s in _STATUS_ORDER if counts[s]) + ".",
         "",
-        "| model type | class | layer kinds | result | paths / reason |",
-        "|---|---|---|---|---|",
     ]
-    for o in rows:
-        out.append(f"| {o['model_type']} | {o['architecture']} | {_cell(_kinds(o))} | {o['status']} | {_detail(o)} |")
+    exact = [o for o in rows if o["status"] == "exact"]
+    if exact:
+        out += [f"**Exact** on all four paths ({len(exact)}): " + ", ".join(f"`{o['model_type']}`" for o in exact) + ".",
+                ""]
+
+    def table(group):
+        lines = ["| model type | class | layer kinds | result | reason |", "|---|---|---|---|---|"]
+        for o in group:
+            lines.append(f"| {o['model_type']} | {o['architecture']} | {_cell(_kinds(o))} | {o['status']} | "
+                         f"{_detail(o)} |")
+        return lines
+
+    loud = [o for o in rows if o["status"] in ("refused", "mismatch")]
+    if loud:
+        out += [f"**Refused** at the first call, by name ({counts['refused']})"
+                + (f", and **not exact yet** ({counts['mismatch']})" if counts["mismatch"] else "") + ":", ""]
+        out += table(loud) + [""]
+    skipped = [o for o in rows if o["status"] == "skipped"]
+    if skipped:
+        out += [f"<details><summary>Skipped ({len(skipped)}): not a decoder-only model that builds offline from its "
+                "config</summary>", "", *table(skipped), "", "</details>"]
     return "\n".join(out) + "\n"
 
 

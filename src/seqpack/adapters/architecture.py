@@ -104,6 +104,25 @@ OWN_MASK_MODEL_TYPES: dict[str, str] = {
               "(CpmAntModel._prepare_attention_mask) and ignores attention_mask",
 }
 
+#: model types whose attention (or position scheme) does not follow the supplied 4-D mask / per-segment
+#: ``position_ids`` -> (layer kind, why); measured by the architecture matrix (tests/models).
+OTHER_UNSUPPORTED: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4"), (
+        "indexed_attention",
+        "its indexed sparse attention (DeepSeek Sparse Attention) picks each query's top-k keys with a lightning "
+        "indexer over the whole row, outside the attention mask, so a query of one packed segment selects keys "
+        "of the others")),
+    "moshi": ("sliding_window",
+              "it builds its sliding-window mask inside the model from sliding_window (no layer_types), so the "
+              "window of a supplied 4-D mask is not applied the way the model applies it alone"),
+    "openai-gpt": ("mask_2d_only", "its attention takes only a 2-D attention_mask (a 4-D block mask raises), and a "
+                                   "2-D mask over a packed row lets segments attend to each other"),
+    "xlnet": ("two_stream_attention", "its two-stream relative attention builds its own masks (perm_mask, "
+                                      "target_mapping) and rejects a 4-D block mask"),
+    "trocr": ("absolute_positions", "its learned positions come from the input length, not from position_ids, so "
+                                    "positions keep counting across packed segments"),
+}
+
 _PREPARED: dict[int, Any] = {}  # id(config) -> weakref to the config of a model prepare_model hooked
 
 
@@ -154,8 +173,11 @@ def _alibi_problem(model_type: str, cfg: Any) -> PackingUnsupportedError | None:
 
 def _own_mask_problem(model_type: str) -> PackingUnsupportedError | None:
     why = OWN_MASK_MODEL_TYPES.get(model_type)
-    return None if why is None else PackingUnsupportedError(
-        model_type, "own_mask", f"{why}, so the block-diagonal mask of a packed row never reaches its attention")
+    if why is not None:
+        return PackingUnsupportedError(
+            model_type, "own_mask", f"{why}, so the block-diagonal mask of a packed row never reaches its attention")
+    other = OTHER_UNSUPPORTED.get(model_type)
+    return None if other is None else PackingUnsupportedError(model_type, *other)
 
 
 def packed_support_problem(config: Any, *, router_hook: bool = True,

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .architecture import PackingUnsupportedError
+
 __all__ = ["LayerAttention", "AttentionPattern", "attention_pattern", "slot_position_limit", "text_config"]
 
 #: transformers layer types -> (kind, config field holding the size); ``hybrid`` types expand to two keys
@@ -149,9 +151,9 @@ def attention_pattern(config: Any) -> AttentionPattern:
 def _from_layer_types(cfg: Any, layer_types: list[str], model_type: str) -> AttentionPattern:
     def one(t: str) -> LayerAttention:
         if t in _REFUSED:
-            raise ValueError(f"model_type {model_type!r} has layers of type {t!r}: {_REFUSED[t]}, so packed segments "
-                             "would see each other whatever the mask; train this model on padded batches "
-                             "(seqpack.collate.PaddedCollator)")
+            raise PackingUnsupportedError(
+                model_type, t, f"its layers of type {t!r}: {_REFUSED[t]}, so packed segments would see each other "
+                "whatever the mask")
         if t not in _LAYER_TYPES:
             if "attention" in t:
                 raise ValueError(
