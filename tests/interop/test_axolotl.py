@@ -25,6 +25,19 @@ from seqpack.interop.axolotl import axolotl_rows, export_axolotl
 from seqpack.packed.build import build_packed_sequence
 from seqpack.sample import Sample, unshift_labels
 
+
+@pytest.fixture(autouse=True)
+def _keep_os_environ():
+    """datasets' ``Dataset.map(num_proc=...)`` (Axolotl's packing step calls it) rebinds ``os.environ`` to a
+    copy, after which libraries holding the original object (rich's consoles) stop seeing environment changes;
+    put the original object back."""
+    original = os.environ
+    yield
+    if os.environ is not original:
+        original.clear()
+        original.update(os.environ)
+        os.environ = original
+
 V, W = 512, 64
 
 
