@@ -6,6 +6,28 @@ from rich.markup import escape
 
 from seqpack import __version__
 
+def _hide_flag_types() -> None:
+    """Show on/off options (``--quiet``, ``--overwrite``, ``--help``) as plain flags in ``--help``.
+
+    typer's rich help prints a type column for every option, ``<bool>`` for a flag too, which reads as
+    if the flag took a value (``--quiet <bool>``); flags get an empty type column instead. Parsing is
+    unchanged (a flag never takes a value).
+    """
+    from typer.core import TyperOption
+
+    show = getattr(TyperOption, "display_type_rich", None)
+    if show is None or getattr(show, "_seqpack_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else show(self, ctx)
+
+    display_type_rich._seqpack_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
 app = typer.Typer(
     name="seqpack",
     help="Sequence packing for LLM/VLM SFT: pack chat data, inspect packed datasets, validate configs.",

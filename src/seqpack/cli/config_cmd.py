@@ -59,11 +59,7 @@ def validate_cmd(
     notes: list[str] = []
     data_path: Optional[str] = None
     try:
-        if not config.exists() and str(config) in list_recipes():
-            cfg = load_recipe(str(config))
-            source = f"recipe {config}"
-        else:
-            cfg = PackingConfig.from_file(config)
+        cfg, source = load_config(config)
         violations = cfg.violations()
         if check_data:
             checked = cfg.check_packed_data(packed_dir)
@@ -93,6 +89,29 @@ def validate_cmd(
         _print_notes(console, notes)
         raise typer.Exit(0)
 
+    print_violations(console, violations, source)
+    _print_notes(console, notes)
+    raise typer.Exit(1)
+
+
+def load_config(config: Path) -> tuple[PackingConfig, str]:
+    """The config a ``seqpack validate`` / ``seqpack pack --config`` argument names, and how to call it.
+
+    ``config`` is a ``.yaml``/``.yml``/``.json`` file, or a recipe name (``seqpack recipe``) when no such
+    file exists.
+
+    Raises:
+        FileNotFoundError: neither a file nor a recipe.
+        ConfigValidationError: parse or schema problems (unknown keys, wrong types).
+    """
+    if not config.exists() and str(config) in list_recipes():
+        return load_recipe(str(config)), f"recipe {config}"
+    return PackingConfig.from_file(config), str(config)
+
+
+def print_violations(console: Console, violations: list, source: str) -> None:
+    """The table of config problems (rule, keys, problem, fix) ``seqpack validate`` prints, and the
+    docs/cases.md label of each case met."""
     table = Table(title=escape(f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"),
                   show_lines=True, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
@@ -106,8 +125,6 @@ def validate_cmd(
     console.print(table)
     for case in sorted({v.case for v in violations if v.case}):
         console.print(escape(f"{case_label(case)} (docs/cases.md)"), highlight=False)
-    _print_notes(console, notes)
-    raise typer.Exit(1)
 
 
 def _print_notes(console: Console, notes: list[str]) -> None:

@@ -195,7 +195,7 @@ def pack_dataset_ray(
     say = log or (lambda _msg: None)
     bars = stages.Progress(progress)
     if planning not in PLANNING_MODES:
-        raise PackConfigError(f"planning={planning!r} (key: planning) must be one of {PLANNING_MODES}")
+        raise PackConfigError(f"planning={planning!r} is not a planning mode; choose one of: {', '.join(PLANNING_MODES)}")
     if int(packs_per_task) < 1:
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
     job = PackJob.create(inputs, output, log=say, **settings)

@@ -232,9 +232,9 @@ def check_prepared(
         )
     raise NothingToPackError(
         f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-        f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
-        "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
-        "with --on-error raise)"
+        f"(by status and reason: {report.by_reason()}). Fix: check format={job.format or 'auto'!r}; for "
+        f"overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}; for skipped "
+        "records fix them (each is named when packing with on_error='raise')"
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
     )
 
