@@ -188,8 +188,6 @@ def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
     a rule, a key that contradicts offline packing) prints the same table on stderr and exits with 2,
     before any data is read.
     """
-    from click.core import ParameterSource
-
     from seqpack.cli.config_cmd import load_config, print_violations
     from seqpack.config import ConfigValidationError
 
@@ -206,7 +204,8 @@ def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
         print_violations(_err, violations, source)
         _fail(f"--config {source} is not a valid packing config (see the table above; `seqpack validate "
               f"{config}` checks it)", 2)
-    explicit = {k for k in given if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+    # by name: typer may bring its own copy of click's ParameterSource enum
+    explicit = {k for k in given if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
     return {k: v for k, v in opts.items() if k not in explicit}
 
 

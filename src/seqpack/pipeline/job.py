@@ -106,7 +106,7 @@ def cli_message(message: str, flags: dict[str, str] | None = None) -> str:
         return flags[key] + (" " if eq else "")
 
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
-    return re.sub(rf"(?<![\w.-])({names})(?![\w-])(=?)", sub, message)
+    return re.sub(rf"(?<![\w.*-])({names})(?![\w-])(=?)", sub, message)
 
 
 @dataclass(frozen=True)
