@@ -104,7 +104,8 @@ def pack(
     my.yaml`); it is checked like `seqpack validate` before any data is read, and flags given on the
     command line override its values.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     from seqpack.pipeline import cli_message, get_engine  # defers pyarrow (io writer) until the command runs
 
@@ -139,6 +140,7 @@ def pack(
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=_err, transient=False,
     )
     restore = _terminate_like_interrupt()

@@ -147,7 +147,7 @@ def prepare(
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
     samples, rep = data.prepare(
         one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
-        train_on=job.train_on, format=job.format, progress=progress, workers=workers,
+        train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
     )
     if names is not None and len(items) == 1:
         rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
