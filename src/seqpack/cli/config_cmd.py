@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app, fail
+from seqpack.cli.app import app, fail, load_config, print_violations
 from seqpack.config.errors import case_label
 from seqpack.config import (
     ConfigValidationError,
@@ -92,39 +92,6 @@ def validate_cmd(
     print_violations(console, violations, source)
     _print_notes(console, notes)
     raise typer.Exit(1)
-
-
-def load_config(config: Path) -> tuple[PackingConfig, str]:
-    """The config a ``seqpack validate`` / ``seqpack pack --config`` argument names, and how to call it.
-
-    ``config`` is a ``.yaml``/``.yml``/``.json`` file, or a recipe name (``seqpack recipe``) when no such
-    file exists.
-
-    Raises:
-        FileNotFoundError: neither a file nor a recipe.
-        ConfigValidationError: parse or schema problems (unknown keys, wrong types).
-    """
-    if not config.exists() and str(config) in list_recipes():
-        return load_recipe(str(config)), f"recipe {config}"
-    return PackingConfig.from_file(config), str(config)
-
-
-def print_violations(console: Console, violations: list, source: str) -> None:
-    """The table of config problems (rule, keys, problem, fix) ``seqpack validate`` prints, and the
-    docs/cases.md label of each case met."""
-    table = Table(title=escape(f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"),
-                  show_lines=True, expand=True)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("rule", no_wrap=True)
-    table.add_column("keys", overflow="fold")
-    table.add_column("problem", ratio=3, overflow="fold")
-    table.add_column("fix", ratio=2, overflow="fold")
-    for i, v in enumerate(violations, 1):
-        rule = v.rule + (f"\n(case {v.case})" if v.case else "")
-        table.add_row(str(i), escape(rule), escape("\n".join(v.keys)), escape(v.problem), escape(v.fix))
-    console.print(table)
-    for case in sorted({v.case for v in violations if v.case}):
-        console.print(escape(f"{case_label(case)} (docs/cases.md)"), highlight=False)
 
 
 def _print_notes(console: Console, notes: list[str]) -> None:

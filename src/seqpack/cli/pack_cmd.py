@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
-from seqpack.cli.app import app, err_console as _err, fail as _fail
+from seqpack.cli.app import app, err_console as _err, fail as _fail, load_config, print_violations
+from seqpack.config import ConfigValidationError
 from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
 from seqpack.data.tokenizer import TokenizerError
 
@@ -190,9 +191,6 @@ def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
     a rule, a key that contradicts offline packing) prints the same table on stderr and exits with 2,
     before any data is read.
     """
-    from seqpack.cli.config_cmd import load_config, print_violations
-    from seqpack.config import ConfigValidationError
-
     source = str(config)
     try:
         cfg, source = load_config(config)

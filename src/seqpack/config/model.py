@@ -29,7 +29,7 @@ from seqpack.config.options import (
     AttentionBackend,
     PackingMode,
 )
-from seqpack.config.packed_data import PackedDataCheck, check_packed_data
+from seqpack.config.packed_data import PackedDataCheck, check_packed_data, pack_options
 from seqpack.config.registry import ModelFamily, load_registry
 from seqpack.config.rules import run_rules
 from seqpack.padding import compute_pad_multiple
@@ -277,50 +277,13 @@ class PackingConfig(BaseModel):
 
     # ------------------------------------------------------------------ offline packing
     def pack_options(self, *, source: str | None = None) -> dict[str, Any]:
-        """The keywords of :func:`seqpack.pipeline.pack_dataset` (and flags of ``seqpack pack --config``)
-        this config sets, for ``pack_dataset(inputs, out, **cfg.validate().pack_options())``.
-
-        Returns:
-            ``seq_length``, ``pad_to_multiple_of``, ``context_parallel_size``, ``algorithm`` and, when
-            set, ``tokenizer``, ``train_on`` and ``output`` (from ``packed_dataset_path``).
-            ``pad_to_multiple_of`` is :attr:`effective_pad_multiple` when tensor/sequence parallelism
-            raises the multiple (``pack_dataset`` has no TP setting), so the stored data has this config's
-            effective pad multiple. Training-side keys (batch sizes, loss, model) do not change the packed
-            data and are not returned.
-
-        Raises:
-            ConfigValidationError: a key that contradicts offline packing: ``packing`` other than
-                ``offline`` (``in_batch``/``streaming`` pack at training time, ``none`` does not pack) or
-                ``packing_buffer_size`` (a streaming setting); each names the key and the fix.
+        """The :func:`seqpack.pipeline.pack_dataset` keywords (``seqpack pack --config`` options) this config
+        sets: ``seq_length``, ``pad_to_multiple_of`` (:attr:`effective_pad_multiple` when TP/SP raise it;
+        ``pack_dataset`` has no TP setting), ``context_parallel_size``, ``algorithm`` and, when set,
+        ``tokenizer``, ``train_on``, ``output`` (``packed_dataset_path``). Training-side keys are left out.
+        Raises ConfigValidationError: ``packing`` not ``offline`` or ``packing_buffer_size`` set (names the key).
         """
-        found = []
-        if self.packing is not PackingMode.OFFLINE:
-            found.append(Violation(
-                "pack_config", ("packing",),
-                f"packing is {self.packing.value!r}: this config packs at training time (or not at all), "
-                "while `seqpack pack` / pack_dataset write an offline packed dataset",
-                "set `packing: offline` to pack ahead of training, or use the config with the collator / "
-                "seqpack.stream it was written for"))
-        if self.packing_buffer_size is not None:
-            found.append(Violation(
-                "pack_config", ("packing_buffer_size",),
-                "packing_buffer_size is a streaming setting; offline packing plans over the whole dataset",
-                "remove packing_buffer_size"))
-        if found:
-            raise ConfigValidationError(found, source=source)
-        own = compute_pad_multiple(self.pad_to_multiple_of, self.context_parallel_size)
-        opts: dict[str, Any] = {
-            "seq_length": self.seq_length,
-            "pad_to_multiple_of": self.pad_to_multiple_of if own == self.effective_pad_multiple
-            else self.effective_pad_multiple,
-            "context_parallel_size": self.context_parallel_size,
-            "algorithm": self.algorithm,
-        }
-        for key, value in (("tokenizer", self.tokenizer), ("train_on", self.train_on),
-                           ("output", self.packed_dataset_path)):
-            if value is not None:
-                opts[key] = value
-        return opts
+        return pack_options(self, source=source)
 
     # ------------------------------------------------------------------ validation
     def violations(self) -> list[Violation]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -95,8 +96,6 @@ def cli_message(message: str, flags: dict[str, str] | None = None) -> str:
         message: the text to translate.
         flags: keyword -> flag (default :data:`PACK_FLAGS`).
     """
-    import re
-
     flags = PACK_FLAGS if flags is None else flags
 
     def sub(m: "re.Match[str]") -> str:
