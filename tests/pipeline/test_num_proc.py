@@ -62,7 +62,7 @@ def test_bad_record_in_a_worker_raises_as_in_process(tmp_path):
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
 def test_num_proc_is_checked_before_any_work(tmp_path, bad):
-    with pytest.raises(PackConfigError, match=r"num_proc \(--num-proc\) must be an integer >= 1"):
+    with pytest.raises(PackConfigError, match=r"^num_proc must be an integer >= 1"):
         PackJob.create(None, tmp_path / "o", num_proc=bad)
 
 

@@ -67,13 +67,20 @@ def test_ray_global_planning_equals_local_engine(ray_runtime, shards, tmp_path):
         np.testing.assert_array_equal(x.labels, y.labels)
         np.testing.assert_array_equal(x.cu_seqlens_padded, y.cu_seqlens_padded)
         assert x.sample_ids == y.sample_ids
-    # same accounting and metadata (the Ray run only adds extra["ray"])
+    # same accounting and metadata (the Ray run only adds extra["engine"])
     lm, rm = local.metadata, ray_res.metadata
     assert rm.counts == lm.counts and rm.counts["skipped"] == {"malformed_json": 1}
     for key in ("fingerprint", "packing_efficiency", "lower_bound", "max_samples_per_bin", "min_packed_seqlen",
                 "dataset_max_seqlen", "effective_pad_multiple"):
         assert getattr(rm, key) == getattr(lm, key), key
-    assert rm.extra["ray"]["planning"] == "global" and rm.extra["ray"]["input_shards"] == 3
+    assert rm.extra["engine"] == {"name": "ray", "planning": "global", "workers": 2, "input_shards": 3}
+    # metadata.json is the local engine's except the engine section (inputs, shards, fingerprint, counts...)
+    lj = json.loads((tmp_path / "local" / "metadata.json").read_text())
+    rj = json.loads((tmp_path / "ray" / "metadata.json").read_text())
+    assert rj["extra"].pop("engine")["name"] == "ray" and "engine" not in lj["extra"]
+    for d in (lj, rj):
+        d.pop("timings_s", None)
+    assert rj == lj
     assert [e.sample_id for e in ray_res.report.entries] == [e.sample_id for e in local.report.entries]
     # duplicate file names: ids use the shortest distinguishing path suffix, as the local engine names them
     assert any(sid.startswith("a/part.jsonl:") for p in b for sid in p.sample_ids)
@@ -93,7 +100,7 @@ def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runt
     for p in packs:  # packs never mix shards
         assert len({sid.rsplit(":", 1)[0] for sid in p.sample_ids}) == 1
         p.validate(capacity=512, multiple=8)
-    info = res.metadata.extra["ray"]
+    info = res.metadata.extra["engine"]
     tokens = res.metadata.counts["tokens"]
     assert info["per_shard_num_packs"] == res.metadata.num_packs == len(packs)
     assert info["global_num_packs"] == local.metadata.num_packs
@@ -105,7 +112,7 @@ def test_ray_per_shard_planning_packs_each_sample_once_and_reports_loss(ray_runt
     assert info["efficiency_loss"] >= 0
     assert res.metadata.fingerprint != local.metadata.fingerprint  # different packs, different fingerprint
     meta = json.loads((tmp_path / "ray" / "metadata.json").read_text())
-    assert meta["extra"]["ray"]["planning"] == "per_shard"
+    assert meta["extra"]["engine"]["planning"] == "per_shard"
     assert meta["extra"]["fingerprint_extra"] == {"planning": "per_shard"}
 
 
@@ -188,7 +195,7 @@ def test_get_engine_names():
     from seqpack.pipeline import get_engine
 
     assert get_engine("local") is pack_dataset
-    with pytest.raises(ValueError, match="unknown engine 'spark'.*local, ray"):
+    with pytest.raises(ValueError, match="^engine='spark' is not an engine; choose one of: local, ray"):
         get_engine("spark")
 
 

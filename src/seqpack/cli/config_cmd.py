@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app, fail
+from seqpack.cli.app import app, fail, load_config, print_violations
 from seqpack.config.errors import case_label
 from seqpack.config import (
     ConfigValidationError,
@@ -59,11 +59,7 @@ def validate_cmd(
     notes: list[str] = []
     data_path: Optional[str] = None
     try:
-        if not config.exists() and str(config) in list_recipes():
-            cfg = load_recipe(str(config))
-            source = f"recipe {config}"
-        else:
-            cfg = PackingConfig.from_file(config)
+        cfg, source = load_config(config)
         violations = cfg.violations()
         if check_data:
             checked = cfg.check_packed_data(packed_dir)
@@ -93,19 +89,7 @@ def validate_cmd(
         _print_notes(console, notes)
         raise typer.Exit(0)
 
-    table = Table(title=escape(f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"),
-                  show_lines=True, expand=True)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("rule", no_wrap=True)
-    table.add_column("keys", overflow="fold")
-    table.add_column("problem", ratio=3, overflow="fold")
-    table.add_column("fix", ratio=2, overflow="fold")
-    for i, v in enumerate(violations, 1):
-        rule = v.rule + (f"\n(case {v.case})" if v.case else "")
-        table.add_row(str(i), escape(rule), escape("\n".join(v.keys)), escape(v.problem), escape(v.fix))
-    console.print(table)
-    for case in sorted({v.case for v in violations if v.case}):
-        console.print(escape(f"{case_label(case)} (docs/cases.md)"), highlight=False)
+    print_violations(console, violations, source)
     _print_notes(console, notes)
     raise typer.Exit(1)
 

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
-from seqpack.cli.app import app, err_console as _err, fail as _fail
+from seqpack.cli.app import app, err_console as _err, fail as _fail, load_config, print_violations
+from seqpack.config import ConfigValidationError
 from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
 from seqpack.data.tokenizer import TokenizerError
 
@@ -50,14 +51,23 @@ def _summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
 
 @app.command("pack")
 def pack(
+    ctx: typer.Context,
     inputs: Optional[List[str]] = typer.Argument(
         None, help="JSON/JSONL/Parquet/Arrow files or globs, datasets save_to_disk folders, LLaMA-Factory "
         "dataset_info.json files. None: the embedded sample_chat.jsonl demo data."
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="Dataset directory to create."),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Dataset directory to create (required unless --config sets packed_dataset_path)."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c",
+        help="Packing config (.yaml/.yml/.json, or a recipe name), as `seqpack validate` reads it: seq_length, "
+        "pad_to_multiple_of, context_parallel_size, algorithm, tokenizer, train_on and packed_dataset_path (as "
+        "--output) fill the options; flags given on the command line override the file.",
+    ),
     tokenizer: str = typer.Option("qwen3", help="Tokenizer name or local path ('qwen3' = embedded Qwen3)."),
     seq_length: int = typer.Option(4096, "--seq-length", help="Pack capacity in tokens."),
-    algorithm: Optional[str] = typer.Option(None, help="Packing algorithm (see `seqpack algorithms`)."),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="Packing algorithm (see `seqpack algorithms`)."),
     pad_to_multiple_of: int = typer.Option(1, "--pad-to-multiple-of", help="Pad each segment to this multiple."),
     context_parallel_size: int = typer.Option(1, "--context-parallel-size", help="CP size (segments padded to 2*CP)."),
     overlength: str = typer.Option("truncate", help="Over-length policy: truncate | drop | split | error."),
@@ -75,8 +85,9 @@ def pack(
     num_proc: Optional[int] = typer.Option(
         None, "--num-proc", help="Local engine: processes that tokenize records (default 1; e.g. $(nproc))."
     ),
-    planning: str = typer.Option(
-        "global", "--planning", help="Ray engine: global (same packs as local) | per_shard (efficiency loss reported)."
+    planning: Optional[str] = typer.Option(
+        None, "--planning",
+        help="Ray engine: global (default; same packs as local) | per_shard (efficiency loss reported).",
     ),
     image_processor: Optional[Path] = typer.Option(
         None, "--image-processor",
@@ -88,22 +99,39 @@ def pack(
         None, "--max-pixels", help="Image records: most pixels per resized image (fewer pixels, fewer image tokens)."
     ),
 ) -> None:
-    """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl).
 
-    from seqpack.pipeline import get_engine  # defers pyarrow (io writer) until the command runs
+    With --config, the packing settings come from a config file or recipe (`seqpack recipe NAME -o
+    my.yaml`); it is checked like `seqpack validate` before any data is read, and flags given on the
+    command line override its values.
+    """
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
+    from seqpack.pipeline import cli_message, get_engine  # defers pyarrow (io writer) until the command runs
+
+    if config is not None:
+        given = {"output": output, "tokenizer": tokenizer, "seq_length": seq_length, "algorithm": algorithm,
+                 "pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size,
+                 "train_on": train_on}
+        given.update(_config_options(ctx, config, given))
+        output, tokenizer, seq_length, algorithm = given["output"], given["tokenizer"], given["seq_length"], given["algorithm"]
+        pad_to_multiple_of, context_parallel_size = given["pad_to_multiple_of"], given["context_parallel_size"]
+        train_on = given["train_on"]
+    if output is None:
+        _fail("--output is required (or a --config that sets packed_dataset_path)", 2)
     try:
         pack_dataset = get_engine(engine)
     except ValueError as exc:
-        _fail(str(exc), 2)
+        _fail(cli_message(str(exc)), 2)
     except ImportError as exc:
         _fail(str(exc), 2)
-    if engine != "ray" and (num_cpus is not None or planning != "global"):
-        _fail("--num-cpus and --planning apply to --engine ray only", 2)
+    if engine != "ray" and (num_cpus is not None or planning is not None):
+        _fail("--num-cpus and --planning apply to --engine ray only (the local engine plans over the whole "
+              "dataset in one process: its packs are what --engine ray --planning global gives)", 2)
     if engine == "ray" and num_proc is not None:
         _fail("--num-proc applies to --engine local only (the Ray engine takes --num-cpus)", 2)
-    engine_kw = {"num_cpus": num_cpus, "planning": planning} if engine == "ray" else {}
+    engine_kw = {"num_cpus": num_cpus, "planning": planning or "global"} if engine == "ray" else {}
     if engine == "ray" and (image_processor is not None or min_pixels is not None or max_pixels is not None):
         _fail("--image-processor/--min-pixels/--max-pixels apply to --engine local only (image-text data is "
               "packed by the local engine)", 2)
@@ -113,6 +141,7 @@ def pack(
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=_err, transient=False,
     )
     restore = _terminate_like_interrupt()
@@ -140,11 +169,44 @@ def pack(
         code = _user_error_code(exc)
         if code is None:
             raise
-        _fail(str(exc), code)
+        _fail(_cli_text(exc), code)
     from seqpack.io.summary import summary_rows  # defers pyarrow (io reader)
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
     _print_entries(res.report.entries, res.output)
+
+
+def _cli_text(exc: BaseException) -> str:
+    """An error's message for a CLI user: settings errors name the ``seqpack pack`` flags, not the
+    ``pack_dataset`` keywords (:func:`seqpack.pipeline.cli_message`)."""
+    from seqpack.pipeline import NothingToPackError, PackConfigError, cli_message
+
+    return cli_message(str(exc)) if isinstance(exc, (PackConfigError, NothingToPackError)) else str(exc)
+
+
+def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
+    """The pack options ``config`` sets (``PackingConfig.pack_options``), less those given as flags.
+
+    The config is loaded and checked as ``seqpack validate`` does; any problem (unknown key, wrong type,
+    a rule, a key that contradicts offline packing) prints the same table on stderr and exits with 2,
+    before any data is read.
+    """
+    source = str(config)
+    try:
+        cfg, source = load_config(config)
+        violations = cfg.violations()
+        opts = cfg.pack_options(source=source) if not violations else {}
+    except FileNotFoundError as exc:
+        _fail(f"--config: {exc}", 2)
+    except ConfigValidationError as exc:
+        violations = exc.violations
+    if violations:
+        print_violations(_err, violations, source)
+        _fail(f"--config {source} is not a valid packing config (see the table above; `seqpack validate "
+              f"{config}` checks it)", 2)
+    # by name: typer may bring its own copy of click's ParameterSource enum
+    explicit = {k for k in given if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
+    return {k: v for k, v in opts.items() if k not in explicit}
 
 
 class Terminated(KeyboardInterrupt):

@@ -29,7 +29,7 @@ from seqpack.config.options import (
     AttentionBackend,
     PackingMode,
 )
-from seqpack.config.packed_data import PackedDataCheck, check_packed_data
+from seqpack.config.packed_data import PackedDataCheck, check_packed_data, pack_options
 from seqpack.config.registry import ModelFamily, load_registry
 from seqpack.config.rules import run_rules
 from seqpack.padding import compute_pad_multiple
@@ -274,6 +274,16 @@ class PackingConfig(BaseModel):
         Not part of :meth:`validate`, which never touches disk.
         """
         return self.check_packed_data(path).violations
+
+    # ------------------------------------------------------------------ offline packing
+    def pack_options(self, *, source: str | None = None) -> dict[str, Any]:
+        """The :func:`seqpack.pipeline.pack_dataset` keywords (``seqpack pack --config`` options) this config
+        sets: ``seq_length``, ``pad_to_multiple_of`` (:attr:`effective_pad_multiple` when TP/SP raise it;
+        ``pack_dataset`` has no TP setting), ``context_parallel_size``, ``algorithm`` and, when set,
+        ``tokenizer``, ``train_on``, ``output`` (``packed_dataset_path``). Training-side keys are left out.
+        Raises ConfigValidationError: ``packing`` not ``offline`` or ``packing_buffer_size`` set (names the key).
+        """
+        return pack_options(self, source=source)
 
     # ------------------------------------------------------------------ validation
     def violations(self) -> list[Violation]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqpack.config.errors import Violation
+from seqpack.config.errors import ConfigValidationError, Violation
 from seqpack.config.tokenizers import compare_tokenizer
+from seqpack.padding import compute_pad_multiple
 
 __all__ = ["PackedDataCheck", "check_packed_data"]
 
@@ -83,3 +84,35 @@ def check_packed_data(cfg: Any, path: str | Path | None = None) -> PackedDataChe
     return PackedDataCheck(p, [Violation("stale_packed_data", ("packed_dataset_path", *keys),
                                          f"{p} was packed with other settings ({'; '.join(problems)})",
                                          fix, case="B23")], notes)
+
+
+def pack_options(cfg: Any, *, source: str | None = None) -> dict[str, Any]:
+    """:meth:`seqpack.config.PackingConfig.pack_options` (documented there)."""
+    found = []
+    if getattr(cfg.packing, "value", cfg.packing) != "offline":
+        found.append(Violation(
+            "pack_config", ("packing",),
+            f"packing is {cfg.packing.value!r}: this config packs at training time (or not at all), "
+            "while `seqpack pack` / pack_dataset write an offline packed dataset",
+            "set `packing: offline` to pack ahead of training, or use the config with the collator / "
+            "seqpack.stream it was written for"))
+    if cfg.packing_buffer_size is not None:
+        found.append(Violation(
+            "pack_config", ("packing_buffer_size",),
+            "packing_buffer_size is a streaming setting; offline packing plans over the whole dataset",
+            "remove packing_buffer_size"))
+    if found:
+        raise ConfigValidationError(found, source=source)
+    own = compute_pad_multiple(cfg.pad_to_multiple_of, cfg.context_parallel_size)
+    opts: dict[str, Any] = {
+        "seq_length": cfg.seq_length,
+        "pad_to_multiple_of": cfg.pad_to_multiple_of if own == cfg.effective_pad_multiple
+        else cfg.effective_pad_multiple,
+        "context_parallel_size": cfg.context_parallel_size,
+        "algorithm": cfg.algorithm,
+    }
+    for key, value in (("tokenizer", cfg.tokenizer), ("train_on", cfg.train_on),
+                       ("output", cfg.packed_dataset_path)):
+        if value is not None:
+            opts[key] = value
+    return opts

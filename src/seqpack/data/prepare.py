@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
-from seqpack.data.records import RawRecord
+from seqpack.data.records import DataFormatError, RawRecord
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
 from seqpack.accounting import PrepareReport
@@ -44,6 +44,7 @@ def prepare(
     batch_size: int = 1024,
     num_proc: int = 1,
     workers: PreparePool | None = None,
+    keep_image_placeholders: bool = False,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
 
@@ -63,7 +64,7 @@ def prepare(
         format: force ``"alpaca"``, ``"sharegpt"``, ``"openai"`` or ``"llava"``; ``None`` detects
             per record.
         progress: optional ``callback(stage, done, total)``; stage ``"prepare"`` counts records
-            (``total`` is known for datasets, ``None`` for files).
+            (``total`` is known for datasets, record lists and ``.jsonl`` files, ``None`` otherwise).
         keep_untrainable: keep samples that have no trainable label (default: drop and report them).
         chat_template_kwargs: extra template variables for every render (e.g.
             ``{"enable_thinking": False}``).
@@ -73,6 +74,11 @@ def prepare(
             every value.
         workers: a started :class:`~seqpack.data.workers.PreparePool` for ``tokenizer`` to use
             instead of ``num_proc`` (one pool for many calls).
+        keep_image_placeholders: return image samples (LLaVA ``<image>`` records, ``media["images"]``
+            set) with each ``<image>`` still one placeholder token, for a caller that expands them to the
+            model's image-token runs itself (``seqpack.data.media.prepare_multimodal``, ``seqpack pack``).
+            Default False: such a record is refused, since its token ids and length are not what the
+            model is trained on.
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
@@ -83,7 +89,9 @@ def prepare(
         record that is not one unchanged sample has an entry (skipped, dropped, truncated, split).
 
     Raises:
-        DataFormatError: bad input with ``on_error="raise"`` (names file, line/index and the fix).
+        DataFormatError: bad input with ``on_error="raise"`` (names file, line/index and the fix); a
+            record with images without ``keep_image_placeholders`` (always: a usage error, not a bad
+            record; the message names the record and points to ``prepare_multimodal``).
         OverlengthError: ``overlength="error"`` and a sample is longer than ``seq_length``.
         FileNotFoundError: a path or glob matches nothing.
         TokenizerError: the tokenizer cannot be loaded or has no chat template.
@@ -125,6 +133,8 @@ def prepare(
         for outcome in pending:
             if outcome[0] == "late":
                 raise outcome[1]
+            if not keep_image_placeholders:
+                _refuse_images(outcome[1])
             samples.extend(outcome[1])
             report.entries.extend(outcome[2])
             for s in outcome[1]:
@@ -155,6 +165,18 @@ def prepare(
         if workers is None:
             pool.close()
     return samples, report
+
+
+def _refuse_images(samples: list[Sample]) -> None:
+    """Raise :class:`DataFormatError` for the first sample that has images (see ``prepare``)."""
+    for smp in samples:
+        if (smp.media or {}).get("images"):
+            raise DataFormatError(
+                f"record {smp.sample_id} has images ({len(smp.media['images'])}); prepare() tokenizes text only "
+                "and would keep each <image> as a literal placeholder token instead of the model's image "
+                "tokens. Fix: use seqpack.data.media.prepare_multimodal(inputs, tokenizer, seq_length=..., "
+                "image_processor=...) for image-text records, or `seqpack pack` (it expands images)"
+            )
 
 
 def _chunks(records: Iterator[RawRecord], name: str, size: int) -> Iterator[list[tuple[RawRecord, str]]]:
@@ -223,10 +245,17 @@ def rename_source(records: Any, old: str, new: str) -> None:
 
 
 def _total_records(items: list[Any]) -> int | None:
+    """Records in ``items`` when cheap to know (progress totals): lengths of datasets and record lists,
+    non-blank lines of ``.jsonl`` files (one read pass, no parsing); ``None`` when any item is another
+    kind (a JSON array must be parsed whole to count)."""
     total = 0
     for it in items:
         if isinstance(it, InMemoryRecords):
             total += len(it)
+            continue
+        if isinstance(it, (str, os.PathLike)) and str(it).lower().endswith(".jsonl") and os.path.isfile(it):
+            with open(it, "rb") as f:
+                total += sum(1 for line in f if line.strip())
             continue
         if not is_dataset(it):
             return None

@@ -16,6 +16,7 @@ from seqpack.pipeline.job import (
     NothingToPackError,
     PackConfigError,
     PackJob,
+    cli_message,
     dedupe_inputs,
     processor_settings,
     resolve_image_processor,
@@ -33,6 +34,7 @@ __all__ = [
     "PackResult",
     "apply_length_policy",
     "build_metadata",
+    "cli_message",
     "ENGINES",
     "dedupe_inputs",
     "get_engine",
@@ -57,5 +59,5 @@ def get_engine(name: str):
     """
     engines = {"local": pack_dataset, "ray": pack_dataset_ray}
     if name not in engines:
-        raise ValueError(f"unknown engine {name!r} (key: engine); choose one of: {', '.join(ENGINES)}")
+        raise ValueError(f"engine={name!r} is not an engine; choose one of: {', '.join(ENGINES)}")
     return engines[name]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "PACK_FLAGS",
     "PackConfigError",
     "PackJob",
+    "cli_message",
     "dedupe_inputs",
     "processor_settings",
     "resolve_image_processor",
@@ -54,12 +56,56 @@ def sample_data_path() -> Path:
     return Path(str(resources.files("seqpack") / "resources" / "sample_chat.jsonl"))
 
 
-#: ``pack_dataset`` keyword -> ``seqpack pack`` flag, for messages that name both.
+#: ``pack_dataset`` keyword -> ``seqpack pack`` flag. Messages of this package name the keyword
+#: (what a :func:`~seqpack.pipeline.pack_dataset` caller typed); the CLI shows them through
+#: :func:`cli_message`, which names the flag instead.
 PACK_FLAGS = {
     "seq_length": "--seq-length",
     "pad_to_multiple_of": "--pad-to-multiple-of",
     "context_parallel_size": "--context-parallel-size",
+    "algorithm": "--algorithm",
+    "overlength": "--overlength",
+    "on_error": "--on-error",
+    "train_on": "--train-on",
+    "format": "--format",
+    "seed": "--seed",
+    "tokenizer": "--tokenizer",
+    "num_proc": "--num-proc",
+    "num_cpus": "--num-cpus",
+    "planning": "--planning",
+    "engine": "--engine",
+    "image_processor": "--image-processor",
+    "min_pixels": "--min-pixels",
+    "max_pixels": "--max-pixels",
+    "overwrite": "--overwrite",
 }
+
+#: keywords that are also plain words ("algorithm", "format"): translated only as ``key=value``.
+_PLAIN_WORDS = {k for k in PACK_FLAGS if "_" not in k}
+
+
+def cli_message(message: str, flags: dict[str, str] | None = None) -> str:
+    """``message`` (a :class:`PackConfigError` or :class:`NothingToPackError` text, written with
+    ``pack_dataset`` keyword names) with each keyword replaced by its ``seqpack pack`` flag.
+
+    ``seq_length=7`` becomes ``--seq-length 7``; a keyword with an underscore (``num_proc``) is
+    replaced wherever it stands as a word; a plain-word keyword (``algorithm``, ``format``) only in the
+    ``key=value`` form, so prose ("unknown packing algorithm") is left alone.
+
+    Args:
+        message: the text to translate.
+        flags: keyword -> flag (default :data:`PACK_FLAGS`).
+    """
+    flags = PACK_FLAGS if flags is None else flags
+
+    def sub(m: "re.Match[str]") -> str:
+        key, eq = m.group(1), m.group(2)
+        if key in _PLAIN_WORDS and not eq:
+            return m.group(0)
+        return flags[key] + (" " if eq else "")
+
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    return re.sub(rf"(?<![\w.*-])({names})(?![\w-])(=?)", sub, message)
 
 
 @dataclass(frozen=True)
@@ -135,12 +181,15 @@ class PackJob:
         this process, ``len(os.sched_getaffinity(0))``); ``log`` receives one line per repeated input file.
 
         Raises:
-            PackConfigError: invalid settings (names the keys and ``seqpack pack`` flags).
+            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
             FileExistsError: ``output`` exists and ``overwrite`` is False.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """
         m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
-        algo = resolve_algorithm(algorithm, error=PackConfigError)
+        try:
+            algo = resolve_algorithm(algorithm)
+        except ValueError as e:
+            raise PackConfigError(f"algorithm={algorithm!r}: {e}") from None
         _check_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
         num_proc = _check_num_proc(num_proc)
         output = Path(output)
@@ -185,7 +234,7 @@ class PackJob:
 def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_size: int) -> int:
     """Check ``seq_length`` and the pad multiple; return the effective multiple.
 
-    Checks (each error names the config key and the ``seqpack pack`` flag): ``seq_length`` is an
+    Checks (each error names the keyword): ``seq_length`` is an
     integer >= 1 that fits the int32 boundary arrays; the multiple ``compute_pad_multiple(
     pad_to_multiple_of, context_parallel_size)`` is valid; ``seq_length`` is divisible by it (case
     B23: a capacity the CP split cannot divide); ``seq_length / multiple`` is within
@@ -195,27 +244,27 @@ def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_s
         PackConfigError: any of the above.
     """
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise PackConfigError(f"seq_length (--seq-length) must be an integer >= 1, got {seq_length!r}")
+        raise PackConfigError(f"seq_length must be an integer >= 1, got {seq_length!r}")
     if seq_length > np.iinfo(np.int32).max:
         raise PackConfigError(
-            f"seq_length={seq_length} (--seq-length) does not fit the int32 boundary arrays "
+            f"seq_length={seq_length} does not fit the int32 boundary arrays "
             f"(cu_seqlens); use at most {np.iinfo(np.int32).max}"
         )
     try:
         m = compute_pad_multiple(pad_to_multiple_of, context_parallel_size)
     except ValueError as e:
-        raise PackConfigError(f"{e} (--pad-to-multiple-of / --context-parallel-size)") from None
+        raise PackConfigError(f"{e} (pad_to_multiple_of / context_parallel_size)") from None
     check_seq_length(
         seq_length, m, {"pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size},
-        flags=PACK_FLAGS, error=PackConfigError,
+        error=PackConfigError,
     )
     if seq_length // m > MAX_CAPACITY_UNITS:
         need = -(-seq_length // MAX_CAPACITY_UNITS)
         raise PackConfigError(
-            f"seq_length={seq_length} (--seq-length) / pad multiple {m} = {seq_length // m} units exceeds the "
+            f"seq_length={seq_length} / pad multiple {m} = {seq_length // m} units exceeds the "
             f"planner's limit of {MAX_CAPACITY_UNITS} (seqpack.algorithms.MAX_CAPACITY_UNITS; the packing kernels "
-            f"keep O(capacity) tables); lower --seq-length to at most {MAX_CAPACITY_UNITS * m}, or raise "
-            f"--pad-to-multiple-of to a value >= {need} that divides --seq-length"
+            f"keep O(capacity) tables); lower seq_length to at most {MAX_CAPACITY_UNITS * m}, or raise "
+            f"pad_to_multiple_of to a value >= {need} that divides seq_length"
         )
     return m
 
@@ -231,7 +280,7 @@ def _check_policies(**given: Any) -> None:
     for key, val in given.items():
         if val not in allowed[key]:
             choices = ", ".join(str(c) for c in allowed[key] if c is not None)
-            raise PackConfigError(f"{key}={val!r} is not valid (--{key.replace('_', '-')}); choose one of: {choices}")
+            raise PackConfigError(f"{key}={val!r} is not valid; choose one of: {choices}")
 
 
 def _check_num_proc(num_proc: Any) -> int:
@@ -239,7 +288,7 @@ def _check_num_proc(num_proc: Any) -> int:
     if num_proc is None:
         return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     if isinstance(num_proc, bool) or not isinstance(num_proc, (int, np.integer)) or num_proc < 1:
-        raise PackConfigError(f"num_proc (--num-proc) must be an integer >= 1, got {num_proc!r}")
+        raise PackConfigError(f"num_proc must be an integer >= 1, got {num_proc!r}")
     return int(num_proc)
 
 
@@ -289,13 +338,13 @@ def resolve_image_processor(
 
     Raises:
         PackConfigError: the config file is missing/invalid, or the bounds are not 1 <= min <= max
-            (names ``--image-processor`` / ``--min-pixels`` / ``--max-pixels``).
+            (names ``image_processor`` / ``min_pixels`` / ``max_pixels``).
     """
     for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-            raise PackConfigError(f"{key} (--{key.replace('_', '-')}) must be an integer >= 1, got {v!r}")
+            raise PackConfigError(f"{key} must be an integer >= 1, got {v!r}")
     if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
-        raise PackConfigError(f"min_pixels={min_pixels} > max_pixels={max_pixels} (--min-pixels/--max-pixels)")
+        raise PackConfigError(f"min_pixels={min_pixels} > max_pixels={max_pixels}: min_pixels must not exceed max_pixels")
     try:
         proc = load_image_processor(image_processor)
         if min_pixels is not None or max_pixels is not None:
@@ -310,7 +359,7 @@ def resolve_image_processor(
             lo, hi = size.get("shortest_edge"), size.get("longest_edge")
             if lo is not None and hi is not None and lo > hi:
                 raise PackConfigError(
-                    f"min_pixels={lo} > max_pixels={hi} after applying --min-pixels/--max-pixels to the "
+                    f"min_pixels={lo} > max_pixels={hi} after applying min_pixels / max_pixels to the "
                     "image processor config; set both"
                 )
             cfg["size"] = size
@@ -318,7 +367,7 @@ def resolve_image_processor(
     except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as e:
         if isinstance(e, PackConfigError):
             raise
-        raise PackConfigError(f"image processor (--image-processor {image_processor}): {e}") from None
+        raise PackConfigError(f"image_processor={image_processor}: {e}") from None
     return proc
 
 

@@ -165,7 +165,7 @@ def pack_dataset_ray(
         num_cpus: CPUs for a local Ray runtime started here, and the most tokenizer actors used
             (default: every CPU of the cluster). Ignored for the size of an already running runtime.
         planning: ``"global"`` (packs identical to the local engine's) or ``"per_shard"`` (plan inside
-            each input shard; the efficiency loss is recorded in ``metadata.extra["ray"]``).
+            each input shard; the efficiency loss is recorded in ``metadata.extra["engine"]``).
         packs_per_task: packs built per Ray task in the global build stage.
         ray_address: connect to this cluster when Ray is not initialised yet (``None``: start a local
             runtime, or use the one already running).
@@ -174,7 +174,7 @@ def pack_dataset_ray(
 
     Returns:
         :class:`seqpack.pipeline.PackResult`; ``timings_s`` has ``prepare`` (tokenize, parallel),
-        ``plan``, ``write`` (build + write) and ``total``; ``metadata.extra["ray"]`` records the planning
+        ``plan``, ``write`` (build + write) and ``total``; ``metadata.extra["engine"]`` records the planning
         mode, worker count and (per-shard) the efficiency loss.
 
     Raises:
@@ -195,7 +195,7 @@ def pack_dataset_ray(
     say = log or (lambda _msg: None)
     bars = stages.Progress(progress)
     if planning not in PLANNING_MODES:
-        raise PackConfigError(f"planning={planning!r} (key: planning) must be one of {PLANNING_MODES}")
+        raise PackConfigError(f"planning={planning!r} is not a planning mode; choose one of: {', '.join(PLANNING_MODES)}")
     if int(packs_per_task) < 1:
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
     job = PackJob.create(inputs, output, log=say, **settings)
@@ -249,7 +249,7 @@ def pack_dataset_ray(
 
         # ---- 2. plan: globally (the local engine's packs), or the shards' own plans
         global_plan = stages.plan(job, lengths, bars)
-        ray_info: dict[str, Any] = {"engine": "ray", "planning": planning, "workers": workers, "input_shards": len(items)}
+        ray_info: dict[str, Any] = {"name": "ray", "planning": planning, "workers": workers, "input_shards": len(items)}
         plan = global_plan if planning == "global" else _per_shard_plan(job, summaries, offsets, lengths, global_plan, ray_info, say)
         t_plan = time.perf_counter()
 
@@ -287,7 +287,7 @@ def pack_dataset_ray(
             # per-shard planning gives different packs from the same inputs: a different fingerprint
             fingerprint_extra={"planning": "per_shard"} if planning == "per_shard" else None,
         )
-        meta.extra["ray"] = ray_info
+        meta.extra["engine"] = ray_info  # the one part of metadata.json the local engine has not
 
         def rows() -> Iterator[Any]:
             bars("write", 0, num_packs)
@@ -314,7 +314,7 @@ def _per_shard_plan(
     global_plan: PackingPlan, ray_info: dict[str, Any], say: Callable[[str], None],
 ) -> PackingPlan:
     """The shards' own plans as one plan over the job's samples; records the efficiency lost against
-    ``global_plan`` in ``ray_info`` (``metadata.extra["ray"]``)."""
+    ``global_plan`` in ``ray_info`` (``metadata.extra["engine"]``)."""
     m, cap = job.pad_multiple, job.seq_length
     bins, lb = [], 0
     for k in range(len(summaries)):

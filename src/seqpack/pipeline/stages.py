@@ -147,7 +147,7 @@ def prepare(
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
     samples, rep = data.prepare(
         one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
-        train_on=job.train_on, format=job.format, progress=progress, workers=workers,
+        train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
     )
     if names is not None and len(items) == 1:
         rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
@@ -232,9 +232,9 @@ def check_prepared(
         )
     raise NothingToPackError(
         f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-        f"(by status and reason: {report.by_reason()}). Fix: check --format; for overlength drops raise "
-        "--seq-length or change --overlength; for skipped records fix them (each is named when packing "
-        "with --on-error raise)"
+        f"(by status and reason: {report.by_reason()}). Fix: check format={job.format or 'auto'!r}; for "
+        f"overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}; for skipped "
+        "records fix them (each is named when packing with on_error='raise')"
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
     )
 

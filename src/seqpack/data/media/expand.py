@@ -212,7 +212,8 @@ def prepare_multimodal(
     """
     proc = load_image_processor(image_processor)
     samples, report = prepare(
-        inputs, tokenizer, seq_length=UNLIMITED, overlength="error", on_error=on_error, **prepare_kwargs
+        inputs, tokenizer, seq_length=UNLIMITED, overlength="error", on_error=on_error,
+        keep_image_placeholders=True, **prepare_kwargs,
     )
     out, report = expand_samples(
         samples, tokenizer, proc, seq_length=seq_length, overlength=overlength, on_error=on_error, report=report
