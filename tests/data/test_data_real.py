@@ -54,7 +54,7 @@ def n_records(path: Path) -> int:
 )
 def test_real_file_every_record_and_assistant_labels(shared_data, qwen3_tokenizer, rel, expected):
     path = shared_data / rel
-    samples, rep = prepare(path, qwen3_tokenizer, seq_length=8192)
+    samples, rep = prepare(path, qwen3_tokenizer, seq_length=8192, keep_image_placeholders=True)
     assert n_records(path) == expected
     check_accounting_and_labels(qwen3_tokenizer, samples, rep, expected)
     assert rep.entries == [] and len(samples) == expected
@@ -105,7 +105,8 @@ def test_real_glaive_toolcall_policies(shared_data, qwen3_tokenizer):
 def test_real_lmms_finetune_text_side(shared_data, qwen3_tokenizer):
     files = sorted((shared_data / "lmms-finetune").glob("*.json"))
     total = sum(n_records(p) for p in files)
-    samples, rep = prepare(str(shared_data / "lmms-finetune" / "*.json"), qwen3_tokenizer, seq_length=4096)
+    samples, rep = prepare(str(shared_data / "lmms-finetune" / "*.json"), qwen3_tokenizer, seq_length=4096,
+                           keep_image_placeholders=True)
     check_accounting_and_labels(qwen3_tokenizer, samples, rep, total)
     by_id = {s.sample_id: s for s in samples}
     multi = by_id["multi_images.json:0"]
@@ -120,7 +121,8 @@ def test_real_lmms_finetune_text_side(shared_data, qwen3_tokenizer):
 
 
 def test_real_mllm_demo_images(shared_data, qwen3_tokenizer):
-    samples, _ = prepare(shared_data / "llama-factory/mllm_demo.json", qwen3_tokenizer, seq_length=4096)
+    samples, _ = prepare(shared_data / "llama-factory/mllm_demo.json", qwen3_tokenizer, seq_length=4096,
+                         keep_image_placeholders=True)
     refs = [p for s in samples for p in s.media["images"]]
     assert len(refs) == 8 and all(Path(p).is_file() for p in refs)
     assert samples[0].media["images"] == [str(shared_data.resolve() / "llama-factory/mllm_demo_data/1.jpg")] * 2

@@ -379,10 +379,10 @@ def test_media_sample_is_not_cut(tmp_path, qwen3_tokenizer):
     rec = {"images": ["a.jpg"], "messages": [{"role": "user", "content": "<image>" + " hi" * 50},
                                             {"role": "assistant", "content": "ok"}]}
     p = write_jsonl(tmp_path / "d.jsonl", [rec])
-    (s,), _ = prepare(p, qwen3_tokenizer, seq_length=4096)
+    (s,), _ = prepare(p, qwen3_tokenizer, seq_length=4096, keep_image_placeholders=True)
     assert s.media == {"images": [str(tmp_path / "a.jpg")]}
     assert "<image>" in qwen3_tokenizer.decode(s.input_ids.tolist())
-    out, rep = prepare(p, qwen3_tokenizer, seq_length=20)
+    out, rep = prepare(p, qwen3_tokenizer, seq_length=20, keep_image_placeholders=True)
     assert out == [] and rep.entries[0].reason == "overlength_media"
 
 

@@ -149,7 +149,7 @@ def prepare_data(inputs: Any, cfg: TrainConfig, *, option_names: dict[str, str] 
     """
     n = _namer(option_names)
     tok = tokenizer if tokenizer is not None else load_train_tokenizer(cfg, option_names=option_names)
-    samples, report = prepare(inputs, tok, seq_length=cfg.seq_length)
+    samples, report = prepare(inputs, tok, seq_length=cfg.seq_length, keep_image_placeholders=True)  # text-only training; loop.py warns
     summary = summarize_prepare_report(report)
     log(f"prepare: {summary}")
     if not samples:
