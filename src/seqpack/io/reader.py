@@ -27,6 +27,7 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 from seqpack.packed import PackedSequence
+from seqpack.packed.invariants import stored_row_problem
 
 __all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS", "MEDIA_EXPECT_KEYS"]
 
@@ -234,10 +235,22 @@ class PackedDataset:
             self._processor = image_processor_from_metadata(self.path, self.metadata.media)
         return self._processor
 
+    def _check_row(self, i: int, c: Mapping[str, Any]) -> None:
+        """Refuse a stored row whose boundary arrays cannot describe it (crafted or damaged shard), naming the
+        shard and row, before any array is indexed with them (:func:`seqpack.packed.invariants.stored_row_problem`)."""
+        problem = stored_row_problem(c["cu_seqlens"], c["cu_seqlens_padded"], len(c["input_ids"]), len(c["labels"]),
+                                     len(c["sample_ids"]), c.get("final_target_segments", ()))
+        if problem is not None:
+            k, j = self._locate(i)
+            raise PackedDatasetError(f"{self.path}: pack {i} (row {j} of shard {self.metadata.shards[k].file}) is "
+                                     f"not a valid packed row: {problem}. The shard was altered or damaged; re-pack "
+                                     "the data")
+
     def __getitem__(self, i: int):
         """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
         from the stored boundaries, M-RoPE tables included, by ``PackedSequence.from_boundaries``)."""
         c = self.columns(i)
+        self._check_row(i, c)
         m = self.metadata
         has_final_target = None
         if "final_target_segments" in c:

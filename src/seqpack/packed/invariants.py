@@ -13,7 +13,7 @@ import numpy as np
 from seqpack.packed.boundaries import segment_fields
 from seqpack.sample import IGNORE_INDEX
 
-__all__ = ["PackedSequenceError", "violation", "validate"]
+__all__ = ["PackedSequenceError", "violation", "validate", "stored_row_problem"]
 
 
 class PackedSequenceError(ValueError):
@@ -35,9 +35,36 @@ def _segment_name(packed: Any, i: int) -> str:
     return f"segment {i}"
 
 
+def stored_row_problem(cu_seqlens, cu_seqlens_padded, num_input_ids: int, num_labels: int, num_sample_ids: int,
+                       final_target_segments=()) -> str | None:
+    """What makes stored row columns unusable for building a row (a crafted or damaged file), or None.
+
+    Checked before any array is indexed with the boundaries: both arrays have the same >= 2 entries,
+    start at 0 and never decrease, ``cu_seqlens_padded[-1]`` equals the number of ``input_ids`` (and of
+    labels), no segment has more real tokens than slots, one sample id per segment, and the final-target
+    segment indices exist. The full invariants are :func:`validate`'s.
+    """
+    cu, cup = np.asarray(cu_seqlens, dtype=np.int64), np.asarray(cu_seqlens_padded, dtype=np.int64)
+    if cu.ndim != 1 or cu.size < 2 or cu.shape != cup.shape:
+        return f"cu_seqlens has {cu.size} entries and cu_seqlens_padded {cup.size} (need the same number, >= 2)"
+    if int(cu[0]) != 0 or int(cup[0]) != 0 or np.any(np.diff(cup) < 0) or np.any(np.diff(cu) < 0):
+        return "a boundary array does not start at 0 and increase"
+    if int(cup[-1]) != num_input_ids or num_labels != num_input_ids:
+        return (f"cu_seqlens_padded[-1]={int(cup[-1])}, {num_input_ids} input_ids and {num_labels} labels "
+                "(they must agree)")
+    if np.any(np.diff(cu) > np.diff(cup)):
+        return "a segment has more real tokens (cu_seqlens) than slots (cu_seqlens_padded)"
+    if num_sample_ids != cu.size - 1:
+        return f"{num_sample_ids} sample ids for {cu.size - 1} segments"
+    ft = np.asarray(final_target_segments if final_target_segments is not None else (), dtype=np.int64)
+    if ft.size and (int(ft.min()) < 0 or int(ft.max()) >= cu.size - 1):
+        return f"final_target_segments {ft.tolist()} name segments outside 0..{cu.size - 2}"
+    return None
+
+
 def validate(packed: Any, capacity: int | None = None, context_parallel_size: int = 1,
-             multiple: int | None = None) -> Any:
-    """Check every invariant (1-10) of ``packed-batch-spec.md`` on one row.
+             multiple: int | None = None, *, vocab_size: int | None = None) -> Any:
+    """Check every invariant (1-11) of ``packed-batch-spec.md`` on one row.
 
     Args:
         packed: a :class:`~seqpack.packed.PackedSequence`.
@@ -47,6 +74,9 @@ def validate(packed: Any, capacity: int | None = None, context_parallel_size: in
         multiple: the full pad multiple from :func:`seqpack.padding.compute_pad_multiple`
             (e.g. ``lcm(2*CP, CP*TP)`` with sequence parallelism); when given, every padded
             segment length and ``T`` must be divisible by it.
+        vocab_size: the tokenizer's / embedding's vocabulary size (``len(tokenizer)``); when given,
+            every ``input_ids`` and every label other than -100 lies in ``[0, vocab_size)`` (invariant
+            11). Negative ids are refused always.
 
     Returns:
         ``packed`` (so ``build(...).validate()`` chains).
@@ -85,6 +115,24 @@ def validate(packed: Any, capacity: int | None = None, context_parallel_size: in
         _fail(1, "row is empty (T = 0)")
     if capacity is not None and t > capacity:
         _fail(1, f"row length T={t} exceeds capacity {capacity}")
+
+    # ---- 11: token ids in range (before anything indexes with them)
+    ids, lab = packed.input_ids, packed.labels
+    if ids.size and int(ids.min()) < 0:
+        s = int(np.flatnonzero(ids < 0)[0])
+        _fail(11, f"input_ids[{s}]={int(ids[s])} is negative")
+    bad_lab = (lab < 0) & (lab != IGNORE_INDEX)
+    if bad_lab.any():
+        s = int(np.flatnonzero(bad_lab)[0])
+        _fail(11, f"labels[{s}]={int(lab[s])} is negative and not the ignore index {IGNORE_INDEX}")
+    if vocab_size is not None:
+        if ids.size and int(ids.max()) >= vocab_size:
+            s = int(np.flatnonzero(ids >= vocab_size)[0])
+            _fail(11, f"input_ids[{s}]={int(ids[s])} is outside the vocabulary (vocab_size={vocab_size})")
+        over = (lab >= vocab_size)
+        if over.any():
+            s = int(np.flatnonzero(over)[0])
+            _fail(11, f"labels[{s}]={int(lab[s])} is outside the vocabulary (vocab_size={vocab_size})")
 
     # ---- 2: boundary arrays
     cu_raw, cup_raw = packed.cu_seqlens, packed.cu_seqlens_padded

@@ -282,8 +282,9 @@ class PackedSequence:
         return unshift_labels(self.labels, cup, final_target="drop")
 
     def validate(self, capacity: int | None = None, context_parallel_size: int = 1,
-                 multiple: int | None = None) -> "PackedSequence":
-        """Check every invariant (1-10) of ``packed-batch-spec.md``: :func:`seqpack.packed.invariants.validate`.
+                 multiple: int | None = None, *, vocab_size: int | None = None) -> "PackedSequence":
+        """Check every invariant (1-11) of ``packed-batch-spec.md``: :func:`seqpack.packed.invariants.validate`
+        (``vocab_size=len(tokenizer)`` also checks every token id against the vocabulary).
 
         Returns:
             self (so ``build(...).validate()`` chains).
@@ -291,7 +292,7 @@ class PackedSequence:
         Raises:
             PackedSequenceError: naming the invariant number and the offending slot / segment.
         """
-        return validate(self, capacity, context_parallel_size, multiple)
+        return validate(self, capacity, context_parallel_size, multiple, vocab_size=vocab_size)
 
     # ------------------------------------------------------------------ static shapes
     def pad_cu_seqlens(self, max_samples_per_bin: int | None, *, pin_max_seqlen: bool = False) -> "PackedSequence":

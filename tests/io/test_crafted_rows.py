@@ -1,0 +1,87 @@
+"""Crafted rows: boundary arrays and token ids from a file are checked before use; the only errors are
+PackedDatasetError (naming the shard and row) and PackedSequenceError (naming the invariant)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import load_packed, pack_dataset
+from seqpack.io import PackedDatasetError
+from seqpack.io.fingerprint import sha256_file
+from seqpack.packed import PackedSequence
+from seqpack.packed.invariants import PackedSequenceError, stored_row_problem
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds") / "packed"
+    pack_dataset(output=str(out), seq_length=256, progress=None)
+    return out
+
+
+def _craft(packed, tmp_path, column, value):
+    ds = tmp_path / "craft"
+    shutil.copytree(packed, ds)
+    meta = json.loads((ds / "metadata.json").read_text())
+    shard = ds / meta["shards"][0]["file"]
+    table = pq.read_table(shard)
+    col = table.column(column).to_pylist()
+    col[0] = value
+    table = table.set_column(table.schema.get_field_index(column), column, pa.array(col, table.schema.field(column).type))
+    pq.write_table(table, shard)
+    meta["shards"][0]["num_bytes"], meta["shards"][0]["sha256"] = shard.stat().st_size, sha256_file(shard)
+    (ds / "metadata.json").write_text(json.dumps(meta))
+    return ds
+
+
+@pytest.mark.parametrize("column,value,says", [
+    ("cu_seqlens", [], "cu_seqlens has 0 entries"),
+    ("cu_seqlens_padded", [5, 3], "does not start at 0 and increase"),
+    ("cu_seqlens_padded", [0, 99999], "cu_seqlens_padded[-1]=99999"),
+    ("final_target_segments", [7], "final_target_segments [7]"),
+])
+def test_crafted_boundaries_are_one_error_naming_shard_and_row(packed, tmp_path, column, value, says):
+    ds = load_packed(_craft(packed, tmp_path, column, value))
+    with pytest.raises(PackedDatasetError) as e:
+        ds[0]
+    assert says in str(e.value) and "row 0 of shard data/shard-00000.parquet" in str(e.value)
+
+
+def test_token_ids_are_checked_against_the_vocabulary(packed, tmp_path):
+    ds = load_packed(packed)
+    row = ds[0]
+    row.validate(vocab_size=151_936)
+    with pytest.raises(PackedSequenceError, match=r"invariant 11 .*input_ids\[\d+\]=\d+ is outside the vocabulary"):
+        row.validate(vocab_size=int(row.input_ids.max()))
+    bad = load_packed(_craft(packed, tmp_path, "input_ids", [-3] + ds.columns(0)["input_ids"].tolist()[1:]))[0]
+    with pytest.raises(PackedSequenceError, match=r"invariant 11 .*input_ids\[0\]=-3 is negative"):
+        bad.validate()
+
+
+_ints = st.lists(st.integers(-3, 40), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cu=_ints, cup=_ints, n_ids=st.integers(0, 40), n_sid=st.integers(0, 6), ft=st.lists(st.integers(-2, 6), max_size=3))
+def test_random_boundaries_never_raise_anything_else(cu, cup, n_ids, n_sid, ft):
+    problem = stored_row_problem(cu, cup, n_ids, n_ids, n_sid, ft)
+    if problem is not None:
+        assert isinstance(problem, str)
+        return
+    ids = np.arange(n_ids) % 7
+    has_ft = np.zeros(len(cu) - 1, bool)
+    has_ft[np.asarray(ft, np.int64)] = True
+    try:
+        row = PackedSequence.from_boundaries(ids, ids.copy(), np.array(cu), np.array(cup),
+                                             sample_ids=[str(i) for i in range(n_sid)], has_final_target=has_ft)
+        row.validate()
+    except (PackedSequenceError, ValueError) as e:  # from_boundaries' own refusals are ValueErrors with a message
+        assert str(e)
