@@ -95,3 +95,42 @@ def test_refusals(packs, tmp_path):
     (tmp_path / "x").mkdir()
     with pytest.raises(FileExistsError):
         export_llamafactory(packs, tmp_path / "x")
+
+
+@pytest.mark.parametrize("exporter", ["llamafactory", "axolotl"])
+def test_export_is_atomic_and_checks_the_location_first(packs, tmp_path, monkeypatch, exporter):
+    """Both save_to_disk exporters share one write path: a location problem is raised before any row is
+    built, a failed write leaves neither the output nor a temp folder, and a killed export's temp folder
+    is removed by the next export to that path."""
+    from seqpack.interop.axolotl import export_axolotl
+
+    export = export_llamafactory if exporter == "llamafactory" else export_axolotl
+    (tmp_path / "file").write_text("x")
+    built = []
+
+    def source():
+        built.append(1)
+        yield from packs
+
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        export(source(), tmp_path / "file" / "out")
+    assert built == []  # refused before the source was read
+
+    def broken(self, path, *a, **k):
+        import pathlib
+
+        pathlib.Path(path).mkdir()
+        (pathlib.Path(path) / "partial.arrow").write_bytes(b"x")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(datasets.Dataset, "save_to_disk", broken)
+        with pytest.raises(OSError, match="disk full"):
+            export(packs, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+    dead = tmp_path / ".out.tmp-999999999-deadbeef"  # a killed export's folder (no such pid)
+    dead.mkdir()
+    out = export(packs, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "out"]
+    assert len(datasets.load_from_disk(str(out))) == (2 if exporter == "llamafactory" else 6)

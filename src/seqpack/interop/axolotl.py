@@ -68,6 +68,8 @@ def export_axolotl(source: Any, output_dir: str | os.PathLike, *, final_target: 
         source: a seqpack packed dataset directory, a :class:`~seqpack.io.PackedDataset`, or an iterable of
             text ``PackedSequence`` s.
         output_dir: the folder to write; must not exist.
+            Written into a hidden temp sibling and renamed into place when complete
+            (:func:`seqpack.interop._export.save_dataset`): a killed export leaves no partial folder.
         final_target: as :func:`axolotl_rows`.
 
     Memory: every row is built in memory before ``save_to_disk``: 189 bytes per token of Python objects
@@ -77,19 +79,17 @@ def export_axolotl(source: Any, output_dir: str | os.PathLike, *, final_target: 
         ``output_dir`` as a ``Path``.
 
     Raises:
-        FileExistsError: ``output_dir`` exists. ValueError: as :func:`axolotl_rows`.
+        FileExistsError: ``output_dir`` exists. NotADirectoryError, PermissionError: its parent is a file / not
+            writable (checked before any row is built). ValueError: as :func:`axolotl_rows`.
     """
     import datasets
 
-    out = Path(output_dir)
-    if out.exists():
-        raise FileExistsError(f"{out} exists; remove it or choose another output_dir")
-    if isinstance(source, (str, os.PathLike)):
-        from seqpack.io import load_packed
+    from seqpack.interop._export import open_source, save_dataset
 
-        source = load_packed(source)
-    i64 = datasets.Sequence(datasets.Value("int64"))
-    features = datasets.Features({c: i64 for c in AXOLOTL_COLUMNS})
-    datasets.Dataset.from_list(list(axolotl_rows(source, final_target=final_target)), features=features).save_to_disk(
-        str(out))
-    return out
+    def build() -> Any:
+        i64 = datasets.Sequence(datasets.Value("int64"))
+        features = datasets.Features({c: i64 for c in AXOLOTL_COLUMNS})
+        rows = list(axolotl_rows(open_source(source), final_target=final_target))
+        return datasets.Dataset.from_list(rows, features=features)
+
+    return save_dataset(build, output_dir)

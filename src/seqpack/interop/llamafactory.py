@@ -97,6 +97,8 @@ def export_llamafactory(source: Any, output_dir: str | os.PathLike, *, row_lengt
         source: a seqpack packed dataset directory, a :class:`~seqpack.io.PackedDataset`, or an iterable
             of text ``PackedSequence`` s.
         output_dir: the folder to write (point LLaMA-Factory's ``tokenized_path`` at it); must not exist.
+            Written into a hidden temp sibling and renamed into place when complete
+            (:func:`seqpack.interop._export.save_dataset`): a killed export leaves no partial folder.
         row_length: every row's width; default the data's ``seq_length`` (an iterable: the longest pack).
         pad_token_id: tail padding id; default the data's ``pad_token_id`` (an iterable: 0).
         final_target: as :func:`to_llamafactory_row`.
@@ -108,25 +110,24 @@ def export_llamafactory(source: Any, output_dir: str | os.PathLike, *, row_lengt
         ``output_dir`` as a ``Path``.
 
     Raises:
-        FileExistsError: ``output_dir`` exists. ValueError: as :func:`to_llamafactory_row`.
+        FileExistsError: ``output_dir`` exists. NotADirectoryError, PermissionError: its parent is a file / not
+            writable (checked before any row is built). ValueError: as :func:`to_llamafactory_row`.
     """
     import datasets
 
-    out = Path(output_dir)
-    if out.exists():
-        raise FileExistsError(f"{out} exists; remove it or choose another output_dir")
-    if isinstance(source, (str, os.PathLike)):
-        from seqpack.io import load_packed
+    from seqpack.interop._export import open_source, save_dataset
 
-        source = load_packed(source)
-    meta = getattr(source, "metadata", None)
-    packs = list(source)
-    if row_length is None:
-        row_length = int(meta.seq_length) if meta is not None else max(int(p.cu_seqlens_padded[-1]) for p in packs)
-    if pad_token_id is None:
-        pad_token_id = int(meta.pad_token_id) if meta is not None and meta.pad_token_id is not None else 0
-    rows = [to_llamafactory_row(p, row_length=row_length, pad_token_id=pad_token_id, final_target=final_target)
-            for p in packs]
-    ds = datasets.Dataset.from_list(rows)
-    ds.save_to_disk(str(out))
-    return out
+    def build() -> Any:
+        src = open_source(source)
+        meta = getattr(src, "metadata", None)
+        packs = list(src)
+        width = row_length
+        if width is None:
+            width = int(meta.seq_length) if meta is not None else max(int(p.cu_seqlens_padded[-1]) for p in packs)
+        pad = pad_token_id
+        if pad is None:
+            pad = int(meta.pad_token_id) if meta is not None and meta.pad_token_id is not None else 0
+        return datasets.Dataset.from_list(
+            [to_llamafactory_row(p, row_length=width, pad_token_id=pad, final_target=final_target) for p in packs])
+
+    return save_dataset(build, output_dir)
