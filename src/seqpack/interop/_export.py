@@ -15,6 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from seqpack.io.output_dir import (
+    check_output_dir,
+    publish_dir,
+    remove_leftovers,
+    temp_name,
+)
+
 __all__ = ["open_source", "save_dataset"]
 
 
@@ -37,8 +44,6 @@ def save_dataset(build: Callable[[], Any], output_dir: str | os.PathLike) -> Pat
         NotADirectoryError, PermissionError: the output's parent is a file / not writable (before
             ``build`` runs, so no work is lost).
     """
-    from seqpack.io.output_dir import check_output_dir, publish_dir, remove_leftovers, temp_name
-
     out = Path(output_dir)
     if out.exists() or out.is_symlink():
         raise FileExistsError(f"{out} exists; remove it or choose another output_dir")

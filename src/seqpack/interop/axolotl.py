@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from seqpack.interop._export import open_source, save_dataset
 from seqpack.packed import real_boundaries
 from seqpack.sample import unshift_labels
 
@@ -83,8 +84,6 @@ def export_axolotl(source: Any, output_dir: str | os.PathLike, *, final_target: 
             writable (checked before any row is built). ValueError: as :func:`axolotl_rows`.
     """
     import datasets
-
-    from seqpack.interop._export import open_source, save_dataset
 
     def build() -> Any:
         i64 = datasets.Sequence(datasets.Value("int64"))

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.interop._export import open_source, save_dataset
 from seqpack.packed import real_boundaries
 from seqpack.sample import IGNORE_INDEX, unshift_labels
 
@@ -114,8 +115,6 @@ def export_llamafactory(source: Any, output_dir: str | os.PathLike, *, row_lengt
             writable (checked before any row is built). ValueError: as :func:`to_llamafactory_row`.
     """
     import datasets
-
-    from seqpack.interop._export import open_source, save_dataset
 
     def build() -> Any:
         src = open_source(source)
