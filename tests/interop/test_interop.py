@@ -153,6 +153,21 @@ def test_bridge_export_dir_roundtrip_and_metadata(tmp_path):
         assert_same_pack(a, b)
     with pytest.raises(FileExistsError):
         export_megatron_bridge(pks, tmp_path / "out", pack_size=32, pad_token_id=PAD, eos_token_id=EOS)
+    kw = dict(pack_size=32, pad_to_multiple_of=4, pad_token_id=PAD, eos_token_id=EOS, overwrite=True)
+    # overwrite replaces an earlier export's files (fewer files now: the old third shard is gone)
+    res = export_megatron_bridge(pks[:2], tmp_path / "out", rows_per_file=2, **kw)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["packing_metadata.json", "shard_00000.idx.parquet"]
+    assert len(list(read_megatron_bridge(tmp_path / "out"))) == 2
+    # ... but never a user's file: refused, named, nothing changed
+    (tmp_path / "out" / "NOTES.md").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"did not write \(NOTES\.md\)"):
+        export_megatron_bridge(pks, tmp_path / "out", **kw)
+    assert (tmp_path / "out" / "NOTES.md").read_text() == "mine"
+    assert len(list(read_megatron_bridge(tmp_path / "out" / "shard_00000.idx.parquet"))) == 2
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        export_megatron_bridge(pks, tmp_path / "f" / "out", **kw)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
 
 
 def test_bridge_import_foreign_file_without_extra_columns(tmp_path):

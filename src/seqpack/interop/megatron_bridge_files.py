@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,6 +23,12 @@ from seqpack.interop.megatron_bridge import (
     bridge_pack_metadata,
     from_bridge_row,
     to_bridge_row,
+)
+from seqpack.io.output_dir import (
+    check_location,
+    remove_leftovers,
+    replace_dir,
+    temp_name,
 )
 
 __all__ = ["BridgeExport", "export_megatron_bridge", "read_megatron_bridge"]
@@ -133,7 +139,8 @@ def export_megatron_bridge(
         :class:`BridgeExport`.
 
     Raises:
-        FileExistsError: ``output_dir`` exists and ``overwrite`` is False.
+        FileExistsError: ``output_dir`` exists and ``overwrite`` is False, or holds files other than an
+            earlier export's (named; ``overwrite`` replaces the folder atomically, never deleting other files).
         ValueError: missing settings, an unrepresentable pack (:func:`to_bridge_row`), or no packs.
     """
     pa, pq = _pa()
@@ -142,10 +149,10 @@ def export_megatron_bridge(
     if rows_per_file < 1:
         raise ValueError("rows_per_file must be >= 1")
     out = Path(output_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True or choose another output directory")
+    _check_bridge_output(out, overwrite, file_prefix, metadata_file)
+    remove_leftovers(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temp_name(out, "tmp")
     tmp.mkdir()
     schema = pa.schema(
         [
@@ -204,15 +211,35 @@ def export_megatron_bridge(
             raise ValueError("export_megatron_bridge: the source holds no packs")
         result.metadata = bridge_pack_metadata(runtime_lens, pack_size)
         (tmp / metadata_file).write_text(json.dumps([result.metadata], indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        _check_bridge_output(out, overwrite, file_prefix, metadata_file)  # nothing appeared meanwhile
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     result.files = [out / n for n in names]
     result.metadata_path = out / metadata_file
     return result
+
+
+def _check_bridge_output(out: Path, overwrite: bool, file_prefix: str, metadata_file: str) -> None:
+    """Refuse an output that must not be replaced: a file, an existing folder without ``overwrite``, or a
+    folder holding anything but an earlier export's own files (named; never deleted)."""
+    check_location(out)
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder; choose another output directory")
+    if not overwrite:
+        raise FileExistsError(f"{out} exists; pass overwrite=True or choose another output directory")
+    own = re.compile(rf"{re.escape(file_prefix)}_\d{{5}}\.idx\.parquet")
+    strangers = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                       if not (p.is_file() and (p.name == metadata_file or own.fullmatch(p.name))))
+    if strangers:
+        shown = ", ".join(strangers[:10]) + (f" and {len(strangers) - 10} more" if len(strangers) > 10 else "")
+        raise FileExistsError(
+            f"{out} holds files a Megatron-Bridge export did not write ({shown}); overwrite=True replaces only "
+            f"{file_prefix}_NNNNN.idx.parquet and {metadata_file} and never deletes other files. Move them out, "
+            "or choose another output directory")
 
 
 def _bridge_files(path: Path) -> list[Path]:

@@ -35,12 +35,14 @@ from seqpack.io.metadata import DATA_DIR, METADATA_FILE, REPORT_FILE, PackedData
 __all__ = [
     "LEFTOVER_KINDS",
     "SEQPACK_ENTRIES",
+    "check_location",
     "check_output_dir",
     "fsync_dir",
     "fsync_file",
     "private_cache_root",
     "publish_dir",
     "remove_leftovers",
+    "replace_dir",
     "stranger_entries",
     "temp_name",
 ]
@@ -107,7 +109,7 @@ def stranger_entries(output: str | os.PathLike) -> list[str]:
     return found
 
 
-def _check_location(out: Path) -> None:
+def check_location(out: Path) -> None:
     """The parent chain of ``out`` must lead to a directory this process can create entries in."""
     parent = out.absolute().parent
     probe = parent
@@ -140,7 +142,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
             deleted); a non-empty directory that is not a seqpack dataset (never deleted).
     """
     out = Path(output)
-    _check_location(out)
+    check_location(out)
     if not out.exists():
         return
     if not out.is_dir():
@@ -237,10 +239,17 @@ def publish_dir(tmp: Path, output: Path, overwrite: bool) -> None:
         FileExistsError: see :func:`check_output_dir` (the target appeared meanwhile).
     """
     check_output_dir(output, overwrite)
+    replace_dir(tmp, output)
+
+
+def replace_dir(tmp: Path, output: Path) -> None:
+    """Rename the finished folder ``tmp`` onto ``output``, swapping out and deleting what is there, so that
+    ``output`` holds the old or the new folder at every instant (module docstring). The caller has checked
+    that what is at ``output`` may be replaced (:func:`check_output_dir` for packed datasets)."""
     if not output.exists():
         os.rename(tmp, output)
     elif _exchange(tmp, output):
-        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old dataset
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old folder
     else:
         old = temp_name(output, "old")
         os.rename(output, old)
