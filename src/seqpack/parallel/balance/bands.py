@@ -36,6 +36,7 @@ from seqpack.parallel.balance.schedule import (
 _GUARD = 0.9  # the token spread aimed at, as a fraction of token_tolerance
 _KMAX = 16  # candidates tried per (sample, length) by the length-matched swaps
 _DLIM = 64  # largest length difference of one swap (units)
+_HOPS = 256  # first swaps tried per two-hop attempt (a change passed on through a middle pack)
 
 
 def band_delta(load: float, tt: float) -> int:
@@ -106,7 +107,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
     vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
     mstart, mem, pos_of = _csr(pack_of, npk)
     todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
-    BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed)
+    BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed, _HOPS)
     out = np.flatnonzero(load < lo)
     if out.size:  # a pack still short: move in a short sample, its old pack (>= 3 samples) evens out by swaps
         count = np.bincount(pack_of, minlength=npk)
@@ -128,7 +129,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         if gave:
             mstart, mem, pos_of = _csr(pack_of, npk)
             BK.smooth_loads(np.unique(np.array(gave, dtype=np.int64)), units, pack_of, load, mstart, mem, pos_of,
-                            lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed + 2)
+                            lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed + 2, _HOPS)
     # rigid: one-sample packs and packs the swaps could not even; those of one step must share a load window
     rigid = ((load < lo) | (load > hi) | (np.bincount(pack_of, minlength=npk) == 1)).astype(np.int64)
     cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
@@ -157,7 +158,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         BK.step_bands(flat, sizes, load, rigid, delta, cap_u, lo, hi)
         todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
         BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
-                        seed + 1)
+                        seed + 1, _HOPS)
     grids = order_steps(grids, mb, seed, shuffle_steps)
     return renumber_packs(pack_of, npk, grids)
 
