@@ -63,11 +63,13 @@ def _direct(p, excl, sign, d, units, pack_of, pack_load, mstart, mem, lo, hi, sr
 
 
 @njit(cache=True)
-def _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart, cap, kmax, budget):
+def _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart, cap, kmax, budget,
+             left):
     """Pack ``p`` changes by ``sign * d`` (``d`` from ``dmax`` down) through a middle pack ``q``: ``p`` swaps a
     sample with one ``d`` units longer/shorter held by ``q`` (any pack, even a full one), and ``q`` gets its
     load back by a second length-matched swap with a pack ``r`` (not ``p``) that accepts the change. Tries at
-    most ``budget`` first swaps (each undone when no second one is found). Returns True when done."""
+    most ``budget`` first swaps (each undone when no second one is found), and at most ``left[0]`` in all
+    (decremented: the caller's total). Returns True when done."""
     tries = 0
     m0 = mstart[p]
     m1 = mstart[p + 1]
@@ -88,7 +90,8 @@ def _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, 
                 if q == p:
                     continue
                 tries += 1
-                if tries > budget:
+                left[0] -= 1
+                if tries > budget or left[0] < 0:
                     return False
                 _swap(i, j, units, pack_of, pack_load, mem, pos_of)  # p gets j; q gets i
                 k, m = _direct(q, p, sign, d, units, pack_of, pack_load, mstart, mem, lo, hi, srt, vstart, cap,
@@ -111,12 +114,14 @@ def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, s
     length are found through the length index (``srt`` = sample ids by length, ``vstart[L]`` = first
     of length ``L``), ``kmax`` of them tried from a seeded random offset. When no such partner exists
     (the packs with room to give or take are rare), the change goes through a middle pack
-    (:func:`_two_hop`, at most ``hop_budget`` first swaps per attempt; 0 = never). Swaps keep every pack's
+    (:func:`_two_hop`, at most ``hop_budget`` first swaps per attempt and 16 x ``hop_budget`` per call; 0 =
+    never). Swaps keep every pack's
     sample count; ``mem[mstart[p]:mstart[p+1]]`` stays the member list of pack ``p``. Work: O(samples of
-    ``todo`` x band width x ``kmax``), times ``hop_budget`` x ``kmax`` x pack size for the two-hop
-    attempts. Returns the number of packs of ``todo`` still outside their band."""
+    ``todo`` x band width x ``kmax``), plus 16 x ``hop_budget`` x ``kmax`` x pack size for the
+    two-hop attempts. Returns the number of packs of ``todo`` still outside their band."""
     np.random.seed(seed)
     left = 0
+    hops_left = np.full(1, 16 * hop_budget, dtype=np.int64)
     for x in range(todo.shape[0]):
         p = todo[x]
         for _ in range(4 * (mstart[p + 1] - mstart[p]) + 8):
@@ -136,7 +141,7 @@ def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, s
                     break
             if not done and hop_budget > 0:
                 done = _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart,
-                                cap, kmax, hop_budget)
+                                cap, kmax, hop_budget, hops_left)
             if not done:
                 break
         if not (lo[p] <= pack_load[p] <= hi[p]):

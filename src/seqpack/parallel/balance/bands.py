@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.parallel.balance import _band_kernels as BK
+from seqpack.parallel.balance import _exchange_kernels as EK
 from seqpack.parallel.balance import _kernels as K
 from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
@@ -30,12 +31,16 @@ from seqpack.parallel.balance.schedule import (
     is_full,
     renumber_packs,
     order_steps,
+    step_loads,
     step_shape,
 )
 
 _GUARD = 0.9  # the token spread aimed at, as a fraction of token_tolerance
 _KMAX = 16  # candidates tried per (sample, length) by the length-matched swaps
 _DLIM = 64  # largest length difference of one swap (units)
+_XWINDOW = 2048  # packs of nearest cost a pack may trade places with (cross-step exchange)
+_XCOST = 0.25  # a trade never raises a step's cost max/mean above max(its own, 1 + this x cost_tolerance)
+_ROUNDS = 3  # rounds of (pack trades, re-windowing, swaps) for the steps still off target
 _HOPS = 256  # first swaps tried per two-hop attempt (a change passed on through a middle pack)
 
 
@@ -159,8 +164,41 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
         BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
                         seed + 1, _HOPS)
+    for rnd in range(_ROUNDS):  # steps still off: whole packs trade places, then the rest re-windowed
+        cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+        still = _trade_packs(grids, load, cost, dp, mb, tt, ct)
+        if still.size == 0:
+            break
+        sub = np.concatenate([grids[k].reshape(-1) for k in still]).astype(np.int64)
+        rigid |= ((load < lo) | (load > hi)).astype(np.int64)
+        BK.step_bands(sub, np.full(still.size, dp * mb, dtype=np.int64), load, rigid, delta, cap_u, lo, hi)
+        todo = sub[(load[sub] < lo[sub]) | (load[sub] > hi[sub])]
+        if todo.size == 0:
+            break
+        BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
+                        seed + 3 + rnd, _HOPS)
     grids = order_steps(grids, mb, seed, shuffle_steps)
     return renumber_packs(pack_of, npk, grids)
+
+
+def _trade_packs(grids, load, cost, dp, mb, tt, ct):
+    """Whole packs trade places between full steps (:func:`~._exchange_kernels.exchange_packs`) for the full
+    steps whose token spread is above ``tt``; ``grids`` updated in place. Returns the indices (into
+    ``grids``) of the full steps still above ``tt``."""
+    full = np.flatnonzero([is_full(gr, mb) for gr in grids])
+    if full.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    tok = load.astype(np.float64)
+    grid = np.stack([grids[k] for k in full])
+    spread, _ = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
+    if not np.any(spread > tt):
+        return np.zeros(0, dtype=np.int64)
+    by_cost = grid.reshape(-1)[np.argsort(cost[grid.reshape(-1)], kind="stable")]
+    EK.exchange_packs(grid, tok, cost, spread > tt, by_cost, tt, 1.0 + _XCOST * ct, _XWINDOW, 4 * dp * mb)
+    for i, k in enumerate(full):
+        grids[k] = grid[i]
+    spread, _ = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
+    return full[spread > tt]
 
 
 def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
@@ -174,9 +212,7 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
     new_bins, grids = got
     units = (padded // pad).astype(np.float64)
     tok, cost = pack_sums(new_bins, units), pack_sums(new_bins, units ** 2)
-    tl = np.stack([np.where(gr == FILLER, 0.0, tok[gr]).sum(1) for gr in grids])
-    cl = np.stack([np.where(gr == FILLER, 0.0, cost[gr]).sum(1) for gr in grids])
-    spread, ratio = step_figures(tl, cl)
+    spread, ratio = step_figures(step_loads(grids, tok), step_loads(grids, cost))
     active = (spread > tt) | (ratio > 1.0 + ct)
     if not active.any():
         return new_bins, grids
