@@ -190,11 +190,12 @@ def _trade_packs(grids, load, cost, dp, mb, tt, ct):
         return np.zeros(0, dtype=np.int64)
     tok = load.astype(np.float64)
     grid = np.stack([grids[k] for k in full])
-    spread, _ = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
+    spread, ratio = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
     if not np.any(spread > tt):
         return np.zeros(0, dtype=np.int64)
+    cap = min(float(ratio.max()), 1.0 + _XCOST * ct)  # trades never raise the plan's worst cost figure
     by_cost = grid.reshape(-1)[np.argsort(cost[grid.reshape(-1)], kind="stable")]
-    EK.exchange_packs(grid, tok, cost, spread > tt, by_cost, tt, 1.0 + _XCOST * ct, _XWINDOW, 4 * dp * mb)
+    EK.exchange_packs(grid, tok, cost, spread > tt, by_cost, _GUARD * tt, cap, _XWINDOW, 4 * dp * mb)
     for i, k in enumerate(full):
         grids[k] = grid[i]
     spread, _ = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
