@@ -14,7 +14,12 @@ packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
    Packs of a band hold about the same cost, so the cost max/mean of a step is close to 1.
    "Rigid" packs (one sample, or not evened) of a step must share one load window: a clashing one
    trades places with a pack of about its cost in a later step, and the other packs of its step
-   move to its window by the same swaps.
+   move to its window by the same swaps. A swap with no partner that has room to give or take goes
+   through a middle pack (two hops: ``p`` swaps with any pack ``q``, ``q`` evens out with a pack ``r``).
+4. **Pack trades.** Full steps still above the token goal trade whole packs of near cost with other
+   full steps (:func:`~seqpack.parallel.balance._exchange_kernels.exchange_packs`: only trades that
+   lower the two steps' summed token excess, raise neither, and keep both cost max/mean within
+   ``max(own, min(plan's worst, 1 + cost_tolerance / 4))``); the steps still off get new windows and swaps (up to ``_ROUNDS`` rounds).
 """
 
 from __future__ import annotations
