@@ -190,8 +190,10 @@ _BALANCE_HELP = (
     "wall seconds on an idle core), worst and mean token spread over full steps ((max - min) / mean of the "
     "ranks' tokens in a step), worst and mean attention-cost max/mean, micro-batches over the cap; then "
     "PASS/MISS lines: time <= 1 s, worst token spread <= 0.1 %, 0 over the cap.\n\n"
-    "Full default (3 repeats): about 15 s on 2 cores. --quick (2,000 and 10,000 samples, 1 repeat): about "
-    "3 s; its verdicts are informational.\n\n"
+    "Full default (3 repeats): about 6 CPU-s (21 s wall on a busy 2-core box, measured 2026-12-02). --quick "
+    "(2,000 and 10,000 samples, 1 repeat): about 7 CPU-s, most of it the 2,000-sample row with 1 micro-batch "
+    "(inputs of up to 4,096 samples that miss a goal also try the local-search starts); its verdicts are "
+    "informational.\n\n"
     "Results: balance.json in --out (default ./bench_results).\n\n"
     "Exit codes: 2 bad option (before any work), otherwise 0 (MISS verdicts included)."
 )
