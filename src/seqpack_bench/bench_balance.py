@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from seqpack.parallel.balance import (
 )
 from seqpack_bench._argtypes import positive_int
 from seqpack_bench.paths import shared_data_dir
+from seqpack_bench.timing import print_table, timed, verdict, write_json
 
 TEXT_FILES = [
     "llama-factory/alpaca_en_demo.json",
@@ -145,6 +147,70 @@ def run(name: str, lengths: np.ndarray, capacity: int, dp: int, mbs: list[int], 
             f"over cap 0 {'PASS' if ok_o else 'MISS'}; packs/step multiple of dp, extra <= 1 per rank "
             f"{'PASS' if ok_x else 'MISS'} ({int(s['extra_packs'])} extra, {int(s['fillers'])} empty)")
     return verdicts
+
+
+#: ``seqpack bench balance``: sample counts and micro-batches of the full run and of ``--quick``.
+GRID_SIZES = (10_000, 100_000)
+QUICK_SIZES = (2_000, 10_000)
+GRID_MICRO_BATCHES = (1, 4)
+#: goals of the grid (worst full step; time: CPU seconds of ``balance_samples`` at the largest size)
+TIME_GOAL_S, SPREAD_GOAL = 1.0, 1e-3
+
+
+def issue_lengths(n: int, capacity: int, seed: int = 0) -> np.ndarray:
+    """int64 [n] lengths drawn as exp(N(6.2, 0.9)) tokens, clipped to [8, capacity] (seeded)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.exp(rng.normal(6.2, 0.9, n)), 8, capacity).astype(np.int64)
+
+
+def run_grid(sizes=GRID_SIZES, micro_batches=GRID_MICRO_BATCHES, *, dp: int = 8, capacity: int = 4096,
+             repeats: int = 3, seed: int = 0, quick: bool = False, out_dir=None, console=None) -> dict:
+    """`seqpack bench balance`: :func:`balance_samples` on ``issue_lengths(n)`` for every size x micro-batch
+    count, at ``dp`` ranks; prints one table row each and PASS/MISS lines, returns (and with ``out_dir``
+    writes as ``balance.json``) the figures.
+
+    Per row: wall and CPU seconds (median of ``repeats``; the code is single-threaded, so on an idle core
+    wall = CPU, and CPU is the steadier figure on a shared machine: the time goal is judged on it), worst
+    and mean token spread over full steps (``(max - min) / mean`` of the ranks' tokens per step), worst and
+    mean cost max/mean, micro-batches over the cap, steps. Goals, per row: time <= 1 s, worst spread <=
+    0.1 %, 0 over cap. ``quick``: the verdicts are marked informational.
+    """
+    balance_samples(np.arange(1, 60), 64, 2, 2)  # compile the numba kernels outside the timings
+    rows, goals = [], []
+    tag = "quick: informational" if quick else None
+    for n in sizes:
+        lengths = issue_lengths(int(n), capacity, seed)
+        for mb in micro_batches:
+            plan, t = timed(lambda: balance_samples(lengths, capacity, dp, mb, seed=seed), repeats)
+            s = plan.stats()
+            rows.append({"samples": int(n), "micro_batches": int(mb), "dp": dp, "capacity": capacity,
+                         "wall_s": t.wall_s, "cpu_s": t.cpu_s, "steps": int(s["steps"]),
+                         "token_spread_worst": s["token_spread_max"], "token_spread_mean": s["token_spread_mean"],
+                         "cost_ratio_worst": s["cost_max_over_mean_worst"],
+                         "cost_ratio_mean": s["cost_max_over_mean_mean"], "over_cap": int(s["over_cap"])})
+    title = (f"balance_samples, lengths exp(N(6.2, 0.9)) clipped to [8, {capacity}] (seed {seed}), dp={dp}, "
+             f"capacity {capacity}; median of {repeats} runs; spread and cost over full steps")
+    print_table(title, ["samples", "mb", "wall s", "CPU s", "steps", "spread worst", "spread mean", "cost worst",
+                 "cost mean", "over cap"],
+                [[f"{r['samples']:,}", r["micro_batches"], f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}", r["steps"],
+                  f"{100 * r['token_spread_worst']:.4f}%", f"{100 * r['token_spread_mean']:.4f}%",
+                  f"{r['cost_ratio_worst']:.4f}", f"{r['cost_ratio_mean']:.4f}", r["over_cap"]] for r in rows],
+                console=console)
+    for r in rows:
+        where = f"{r['samples']:,} samples, mb {r['micro_batches']}"
+        goals.append(verdict(f"time <= {TIME_GOAL_S:g} s ({where})", r["cpu_s"] <= TIME_GOAL_S,
+                             f"{r['cpu_s']:.3f} CPU-s ({r['wall_s']:.3f} s wall)", console, informational=tag))
+        goals.append(verdict(f"token spread <= {100 * SPREAD_GOAL:g} % ({where})",
+                             r["token_spread_worst"] <= SPREAD_GOAL,
+                             f"{100 * r['token_spread_worst']:.4f}% worst step", console, informational=tag))
+        goals.append(verdict(f"0 micro-batches over the cap ({where})", r["over_cap"] == 0,
+                             f"{r['over_cap']} over {capacity}", console, informational=tag))
+    payload = {"benchmark": "balance", "distribution": f"exp(N(6.2, 0.9)) clipped to [8, {capacity}]",
+               "seed": seed, "dp": dp, "capacity": capacity, "repeats": repeats, "quick": quick, "rows": rows,
+               "goals": goals}
+    if out_dir is not None:
+        write_json(Path(out_dir) / "balance.json", payload)
+    return payload
 
 
 def main() -> None:

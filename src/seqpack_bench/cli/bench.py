@@ -1,4 +1,4 @@
-"""`seqpack bench algorithms | prepare | stream`: measured comparisons (a typer sub-app, ``bench_app``).
+"""`seqpack bench algorithms | prepare | stream | balance`: measured comparisons (a typer sub-app, ``bench_app``).
 
 Each command checks ``--out`` first (created if missing; default ``./bench_results``; an empty ``--out``
 is refused), prints its tables and PASS/MISS lines and writes ``<name>.json`` plus PNG charts there.
@@ -17,6 +17,7 @@ import typer
 
 from seqpack.cli.app import fail as _fail
 from seqpack_bench import algorithms as _algorithms
+from seqpack_bench import bench_balance as _balance
 from seqpack_bench import prepare as _prepare
 from seqpack_bench import stream as _stream
 from seqpack_bench.paths import shared_data_dir
@@ -180,3 +181,40 @@ def stream(
     res = _stream.run_stream(quick=quick, out_dir=out_dir)
     print("wrote " + ", ".join(str(out_dir / n) for n in ["stream.json", *res["charts"]]))
     raise typer.Exit(res["returncode"])
+
+
+_BALANCE_HELP = (
+    "DP balance: seqpack.parallel.balance_samples on lengths drawn as exp(N(6.2, 0.9)) tokens clipped to "
+    "[8, 4096], capacity 4096, dp 8, for 10,000 and 100,000 samples x 1 and 4 micro-batches per rank. Prints, "
+    "per row, wall and CPU seconds (median of --repeats; the time goal is judged on CPU seconds, which equal "
+    "wall seconds on an idle core), worst and mean token spread over full steps ((max - min) / mean of the "
+    "ranks' tokens in a step), worst and mean attention-cost max/mean, micro-batches over the cap; then "
+    "PASS/MISS lines: time <= 1 s, worst token spread <= 0.1 %, 0 over the cap.\n\n"
+    "Full default (3 repeats): about 6 CPU-s (21 s wall on a busy 2-core box, measured 2026-12-02). --quick "
+    "(2,000 and 10,000 samples, 1 repeat): about 7 CPU-s, most of it the 2,000-sample row with 1 micro-batch "
+    "(inputs of up to 4,096 samples that miss a goal also try the local-search starts); its verdicts are "
+    "informational.\n\n"
+    "Results: balance.json in --out (default ./bench_results).\n\n"
+    "Exit codes: 2 bad option (before any work), otherwise 0 (MISS verdicts included)."
+)
+
+
+@bench_app.command("balance", help=_BALANCE_HELP)
+def balance(
+    sizes: str = typer.Option("10000,100000", help="Sample counts, comma separated."),
+    micro_batches: str = typer.Option("1,4", "--micro-batches", help="Micro-batches per rank, comma separated."),
+    dp: int = typer.Option(8, min=1, help="Data-parallel ranks."),
+    capacity: int = typer.Option(4096, min=8, help="Tokens per micro-batch (pack)."),
+    repeats: int = typer.Option(3, min=1, help="Timed runs per row (median reported)."),
+    seed: int = typer.Option(0, help="Seed of the lengths and of balance_samples."),
+    quick: bool = typer.Option(False, "--quick", help="2,000 and 10,000 samples (replaces --sizes), 1 repeat."),
+    out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
+                             help="Folder for balance.json (created if missing)."),
+) -> None:
+    """`seqpack bench balance` (help: ``_BALANCE_HELP``); runs :func:`seqpack_bench.bench_balance.run_grid`."""
+    ns = list(_balance.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    mbs = _int_list(micro_batches, "--micro-batches")
+    out_dir = _out_dir(out)
+    _balance.run_grid(ns, mbs, dp=dp, capacity=capacity, repeats=1 if quick else repeats, seed=seed, quick=quick,
+                      out_dir=out_dir)
+    print(f"wrote {out_dir / 'balance.json'}")

@@ -27,18 +27,101 @@ def _swap(i, j, units, pack_of, pack_load, mem, pos_of):
 
 
 @njit(cache=True)
-def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart, cap, dlim, kmax, seed):
+def _accepts(q, change, pack_load, lo, hi, cap):
+    """Pack ``q`` may change its load by ``change`` units: it stays <= ``cap`` and does not leave its band
+    ``[lo[q], hi[q]]`` (or move further out of it)."""
+    nq = pack_load[q] + change
+    return nq <= cap and nq >= min(lo[q], pack_load[q]) and nq <= max(hi[q], pack_load[q])
+
+
+@njit(cache=True)
+def _direct(p, excl, sign, d, units, pack_of, pack_load, mstart, mem, lo, hi, srt, vstart, cap, kmax):
+    """A sample ``i`` of pack ``p`` and a sample ``j`` exactly ``d`` units longer (``sign`` +1) or shorter (-1)
+    in another pack ``q`` (not ``excl``) that accepts the opposite change. Returns ``(i, j)``, or
+    ``(-1, -1)``; ``kmax`` candidates per length are tried from a random offset."""
+    m0 = mstart[p]
+    m1 = mstart[p + 1]
+    off = np.random.randint(0, max(m1 - m0, 1))
+    for y in range(m1 - m0):
+        i = mem[m0 + (off + y) % (m1 - m0)]
+        lj = units[i] + sign * d
+        if lj < 1 or lj > cap:
+            continue
+        lo_j = vstart[lj]
+        cnt = vstart[lj + 1] - lo_j
+        if cnt == 0:
+            continue
+        o2 = np.random.randint(0, cnt)
+        for c in range(min(cnt, kmax)):
+            j = srt[lo_j + (o2 + c) % cnt]
+            q = pack_of[j]
+            if q == p or q == excl:
+                continue
+            if _accepts(q, -sign * d, pack_load, lo, hi, cap):
+                return i, j
+    return -1, -1
+
+
+@njit(cache=True)
+def _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart, cap, kmax, budget,
+             left):
+    """Pack ``p`` changes by ``sign * d`` (``d`` from ``dmax`` down) through a middle pack ``q``: ``p`` swaps a
+    sample with one ``d`` units longer/shorter held by ``q`` (any pack, even a full one), and ``q`` gets its
+    load back by a second length-matched swap with a pack ``r`` (not ``p``) that accepts the change. Tries at
+    most ``budget`` first swaps (each undone when no second one is found), and at most ``left[0]`` in all
+    (decremented: the caller's total). Returns True when done."""
+    tries = 0
+    m0 = mstart[p]
+    m1 = mstart[p + 1]
+    for d in range(dmax, 0, -1):
+        for y in range(m1 - m0):
+            i = mem[m0 + y]
+            lj = units[i] + sign * d
+            if lj < 1 or lj > cap:
+                continue
+            lo_j = vstart[lj]
+            cnt = vstart[lj + 1] - lo_j
+            if cnt == 0:
+                continue
+            o2 = np.random.randint(0, cnt)
+            for c in range(cnt):
+                j = srt[lo_j + (o2 + c) % cnt]
+                q = pack_of[j]
+                if q == p:
+                    continue
+                tries += 1
+                left[0] -= 1
+                if tries > budget or left[0] < 0:
+                    return False
+                _swap(i, j, units, pack_of, pack_load, mem, pos_of)  # p gets j; q gets i
+                k, m = _direct(q, p, sign, d, units, pack_of, pack_load, mstart, mem, lo, hi, srt, vstart, cap,
+                               kmax)
+                if k >= 0:
+                    _swap(k, m, units, pack_of, pack_load, mem, pos_of)
+                    return True
+                _swap(i, j, units, pack_of, pack_load, mem, pos_of)  # undo
+    return False
+
+
+@njit(cache=True)
+def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart, cap, dlim, kmax, seed,
+                 hop_budget):
     """Bring every pack of ``todo`` into its load band ``[lo[p], hi[p]]`` by length-matched swaps.
 
     A pack below its band exchanges one of its samples for a sample ``d`` units longer (``d`` as large
     as the band allows, at most ``dlim``) held by any pack that does not leave its own band (or move
     further out of it) by giving ``d`` units; a pack above its band, symmetrically. Candidates of one
     length are found through the length index (``srt`` = sample ids by length, ``vstart[L]`` = first
-    of length ``L``), ``kmax`` of them tried from a seeded random offset. Swaps keep every pack's sample count; ``mem[mstart[p]:
-    mstart[p+1]]`` stays the member list of pack ``p``. Work: O(samples of ``todo`` x band width x
-    ``kmax``). Returns the number of packs of ``todo`` still outside their band."""
+    of length ``L``), ``kmax`` of them tried from a seeded random offset. When no such partner exists
+    (the packs with room to give or take are rare), the change goes through a middle pack
+    (:func:`_two_hop`, at most ``hop_budget`` first swaps per attempt and 16 x ``hop_budget`` per call; 0 =
+    never). Swaps keep every pack's
+    sample count; ``mem[mstart[p]:mstart[p+1]]`` stays the member list of pack ``p``. Work: O(samples of
+    ``todo`` x band width x ``kmax``), plus 16 x ``hop_budget`` x ``kmax`` x pack size for the
+    two-hop attempts. Returns the number of packs of ``todo`` still outside their band."""
     np.random.seed(seed)
     left = 0
+    hops_left = np.full(1, 16 * hop_budget, dtype=np.int64)
     for x in range(todo.shape[0]):
         p = todo[x]
         for _ in range(4 * (mstart[p + 1] - mstart[p]) + 8):
@@ -49,35 +132,16 @@ def smooth_loads(todo, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, s
             dmax = (hi[p] - load) if sign > 0 else (load - lo[p])
             dmax = min(dmax, dlim)
             done = False
-            m0 = mstart[p]
-            m1 = mstart[p + 1]
-            off = np.random.randint(0, max(m1 - m0, 1))
             for d in range(dmax, 0, -1):
-                for y in range(m1 - m0):
-                    i = mem[m0 + (off + y) % (m1 - m0)]
-                    lj = units[i] + sign * d
-                    if lj < 1 or lj > cap:
-                        continue
-                    lo_j = vstart[lj]
-                    cnt = vstart[lj + 1] - lo_j
-                    if cnt == 0:
-                        continue
-                    o2 = np.random.randint(0, cnt)
-                    for c in range(min(cnt, kmax)):
-                        j = srt[lo_j + (o2 + c) % cnt]
-                        q = pack_of[j]
-                        if q == p:
-                            continue
-                        nq = pack_load[q] - sign * d
-                        if nq > cap or nq < min(lo[q], pack_load[q]) or nq > max(hi[q], pack_load[q]):
-                            continue  # the partner may not leave its band (or move further out of it)
-                        _swap(i, j, units, pack_of, pack_load, mem, pos_of)
-                        done = True
-                        break
-                    if done:
-                        break
-                if done:
+                i, j = _direct(p, -1, sign, d, units, pack_of, pack_load, mstart, mem, lo, hi, srt, vstart, cap,
+                               kmax)
+                if i >= 0:
+                    _swap(i, j, units, pack_of, pack_load, mem, pos_of)
+                    done = True
                     break
+            if not done and hop_budget > 0:
+                done = _two_hop(p, sign, dmax, units, pack_of, pack_load, mstart, mem, pos_of, lo, hi, srt, vstart,
+                                cap, kmax, hop_budget, hops_left)
             if not done:
                 break
         if not (lo[p] <= pack_load[p] <= hi[p]):

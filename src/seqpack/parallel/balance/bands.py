@@ -14,7 +14,12 @@ packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
    Packs of a band hold about the same cost, so the cost max/mean of a step is close to 1.
    "Rigid" packs (one sample, or not evened) of a step must share one load window: a clashing one
    trades places with a pack of about its cost in a later step, and the other packs of its step
-   move to its window by the same swaps.
+   move to its window by the same swaps. A swap with no partner that has room to give or take goes
+   through a middle pack (two hops: ``p`` swaps with any pack ``q``, ``q`` evens out with a pack ``r``).
+4. **Pack trades.** Full steps still above the token goal trade whole packs of near cost with other
+   full steps (:func:`~seqpack.parallel.balance._exchange_kernels.exchange_packs`: only trades that
+   lower the two steps' summed token excess, raise neither, and keep both cost max/mean within
+   ``max(own, min(plan's worst, 1 + cost_tolerance / 4))``); the steps still off get new windows and swaps (up to ``_ROUNDS`` rounds).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.parallel.balance import _band_kernels as BK
+from seqpack.parallel.balance import _exchange_kernels as EK
 from seqpack.parallel.balance import _kernels as K
 from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
@@ -30,12 +36,17 @@ from seqpack.parallel.balance.schedule import (
     is_full,
     renumber_packs,
     order_steps,
+    step_loads,
     step_shape,
 )
 
 _GUARD = 0.9  # the token spread aimed at, as a fraction of token_tolerance
 _KMAX = 16  # candidates tried per (sample, length) by the length-matched swaps
 _DLIM = 64  # largest length difference of one swap (units)
+_XWINDOW = 2048  # packs of nearest cost a pack may trade places with (cross-step exchange)
+_XCOST = 0.25  # a trade never raises a step's cost max/mean above max(its own, 1 + this x cost_tolerance)
+_ROUNDS = 3  # rounds of (pack trades, re-windowing, swaps) for the steps still off target
+_HOPS = 256  # first swaps tried per two-hop attempt (a change passed on through a middle pack)
 
 
 def band_delta(load: float, tt: float) -> int:
@@ -106,7 +117,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
     vstart = np.searchsorted(units[srt], np.arange(cap_u + 2)).astype(np.int64)
     mstart, mem, pos_of = _csr(pack_of, npk)
     todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
-    BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed)
+    BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed, _HOPS)
     out = np.flatnonzero(load < lo)
     if out.size:  # a pack still short: move in a short sample, its old pack (>= 3 samples) evens out by swaps
         count = np.bincount(pack_of, minlength=npk)
@@ -128,7 +139,7 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         if gave:
             mstart, mem, pos_of = _csr(pack_of, npk)
             BK.smooth_loads(np.unique(np.array(gave, dtype=np.int64)), units, pack_of, load, mstart, mem, pos_of,
-                            lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed + 2)
+                            lo, hi, srt, vstart, cap_u, _DLIM, _KMAX, seed + 2, _HOPS)
     # rigid: one-sample packs and packs the swaps could not even; those of one step must share a load window
     rigid = ((load < lo) | (load > hi) | (np.bincount(pack_of, minlength=npk) == 1)).astype(np.int64)
     cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
@@ -157,9 +168,43 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
         BK.step_bands(flat, sizes, load, rigid, delta, cap_u, lo, hi)
         todo = np.flatnonzero((load < lo) | (load > hi)).astype(np.int64)
         BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
-                        seed + 1)
+                        seed + 1, _HOPS)
+    for rnd in range(_ROUNDS):  # steps still off: whole packs trade places, then the rest re-windowed
+        cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+        still = _trade_packs(grids, load, cost, dp, mb, tt, ct)
+        if still.size == 0:
+            break
+        sub = np.concatenate([grids[k].reshape(-1) for k in still]).astype(np.int64)
+        rigid |= ((load < lo) | (load > hi)).astype(np.int64)
+        BK.step_bands(sub, np.full(still.size, dp * mb, dtype=np.int64), load, rigid, delta, cap_u, lo, hi)
+        todo = sub[(load[sub] < lo[sub]) | (load[sub] > hi[sub])]
+        if todo.size == 0:
+            break
+        BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
+                        seed + 3 + rnd, _HOPS)
     grids = order_steps(grids, mb, seed, shuffle_steps)
     return renumber_packs(pack_of, npk, grids)
+
+
+def _trade_packs(grids, load, cost, dp, mb, tt, ct):
+    """Whole packs trade places between full steps (:func:`~._exchange_kernels.exchange_packs`) for the full
+    steps whose token spread is above ``tt``; ``grids`` updated in place. Returns the indices (into
+    ``grids``) of the full steps still above ``tt``."""
+    full = np.flatnonzero([is_full(gr, mb) for gr in grids])
+    if full.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    tok = load.astype(np.float64)
+    grid = np.stack([grids[k] for k in full])
+    spread, ratio = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
+    if not np.any(spread > tt):
+        return np.zeros(0, dtype=np.int64)
+    cap = min(float(ratio.max()), 1.0 + _XCOST * ct)  # trades never raise the plan's worst cost figure
+    by_cost = grid.reshape(-1)[np.argsort(cost[grid.reshape(-1)], kind="stable")]
+    EK.exchange_packs(grid, tok, cost, spread > tt, by_cost, _GUARD * tt, cap, _XWINDOW, 4 * dp * mb)
+    for i, k in enumerate(full):
+        grids[k] = grid[i]
+    spread, _ = step_figures(tok[grid].sum(axis=2), cost[grid].sum(axis=2))
+    return full[spread > tt]
 
 
 def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, stop, max_iter, cross_iters,
@@ -173,9 +218,7 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
     new_bins, grids = got
     units = (padded // pad).astype(np.float64)
     tok, cost = pack_sums(new_bins, units), pack_sums(new_bins, units ** 2)
-    tl = np.stack([np.where(gr == FILLER, 0.0, tok[gr]).sum(1) for gr in grids])
-    cl = np.stack([np.where(gr == FILLER, 0.0, cost[gr]).sum(1) for gr in grids])
-    spread, ratio = step_figures(tl, cl)
+    spread, ratio = step_figures(step_loads(grids, tok), step_loads(grids, cost))
     active = (spread > tt) | (ratio > 1.0 + ct)
     if not active.any():
         return new_bins, grids

@@ -101,7 +101,10 @@ def balance_samples(
        (a length index finds a sample ``d`` tokens longer in a pack with room to give); packs in
        decreasing attention cost are cut into steps of ``dp_size * micro_batches`` and dealt to ranks
        by vector LPT (Graham 1969). One-sample packs that cannot be evened share steps with packs of
-       their load. Steps still off target (token spread above ``token_tolerance`` or cost max/mean
+       their load; a swap with no partner that has room goes through a middle pack (two hops). Steps
+       above the token goal trade whole packs of near cost with other steps (when that lowers both
+       steps' token excess and raises no cost max/mean above its own or the plan's worst), then get new windows
+       and swaps. Steps still off target (token spread above ``token_tolerance`` or cost max/mean
        above ``1 + cost_tolerance``) are then leveled sample by sample (step 3, 4 on those steps only).
     3. **Level samples inside a step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
@@ -124,12 +127,13 @@ def balance_samples(
     ``cu_seqlens_padded``). Karmarkar-Karp's largest differencing method (1982) balances sums more
     tightly but ignores the per-micro-batch cap; here every micro-batch is a pack <= ``capacity``.
 
-    Limits (measured by the balance benchmark, docs/measured.md): with one micro-batch per rank
-    and packs that are one long sample each (e.g. a 4082-token and seven 4096-token documents), no move
-    can even the step unless short enough samples exist (100k lognormal samples at capacity 4096, dp 8:
-    a few steps of 4077-4095-token documents stay at up to 0.37 % token spread with one micro-batch;
-    with four, all steps are within 0.1 %); the cost goal can be provably out of reach
-    (:func:`cost_ratio_lower_bound`).
+    Limits (measured by ``seqpack bench balance``, docs/notes/balance.md): with one micro-batch per rank,
+    a step holding one-document packs near the capacity (e.g. 4086 and 4087 tokens at 4096) needs its
+    other packs brought to that load; when their only movable samples are already among the shortest
+    lengths present, no swap or pack trade reaches it (lognormal lengths at capacity 4096, dp 8: 0.098 %
+    worst-step token spread at 10k and 100k samples on the benchmark's seed, up to 0.32 % on other seeds;
+    with four micro-batches every measured seed is within 0.1 %); the cost goal can be provably out of
+    reach (:func:`cost_ratio_lower_bound`).
 
     Args:
         lengths: int [n] sample lengths in tokens, each in [1, capacity] after padding.

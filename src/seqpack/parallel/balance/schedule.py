@@ -47,12 +47,9 @@ class BalancePlan:
 
     def loads(self, values) -> np.ndarray:
         """Per-step, per-rank sums of ``values`` (indexed by pack): float64 ``[num_steps, dp_size]``."""
-        v = np.asarray(values, dtype=np.float64)
-        out = np.zeros((len(self.steps), self.dp_size))
-        for k, s in enumerate(self.steps):
-            vals = np.where(s == FILLER, 0.0, v[np.where(s == FILLER, 0, s)])
-            out[k] = vals.sum(axis=1)
-        return out
+        if not self.steps:
+            return np.zeros((0, self.dp_size))
+        return step_loads(self.steps, values)
 
     def stats(self, tokens, cost, token_cap: int | None = None) -> dict[str, float]:
         """Imbalance figures over full steps (the step holding fillers, if any, is reported apart).
@@ -203,6 +200,20 @@ def step_shape(p: int, dp: int, mb: int) -> list[int]:
     return shape
 
 
+def step_loads(grids: list[np.ndarray], values: np.ndarray) -> np.ndarray:
+    """Per step and rank, ``values`` (float64 [P], by pack id) summed over the rank's micro-batches; a
+    :data:`FILLER` slot adds 0. ``grids``: int64 ``[dp, m_s]`` per step. Returns float64 ``[steps, dp]``."""
+    dp = grids[0].shape[0] if grids else 0
+    out = np.zeros((len(grids), dp))
+    v = np.append(np.asarray(values, dtype=np.float64), 0.0)  # index -1 (FILLER) reads the appended 0
+    by_width: dict[int, list[int]] = {}
+    for k, g in enumerate(grids):
+        by_width.setdefault(g.shape[1], []).append(k)
+    for ks in by_width.values():
+        out[ks] = v[np.stack([grids[k] for k in ks])].sum(axis=2)
+    return out
+
+
 def is_full(grid: np.ndarray, mb: int) -> bool:
     """A full step: ``mb`` micro-batches per rank and no filler slot."""
     return grid.shape[1] == mb and not np.any(grid == FILLER)
@@ -220,6 +231,8 @@ def order_steps(steps: list[np.ndarray], mb: int, seed: int, shuffle: bool) -> l
 
 def sort_ranks_by_cost(grid: np.ndarray, cost: np.ndarray) -> None:
     """In place: inside each rank (row), micro-batches by descending pack cost, fillers last."""
+    if grid.shape[1] <= 1:
+        return
     key = np.where(grid == FILLER, -np.inf, cost[np.where(grid == FILLER, 0, grid)] if cost.size else 0.0)
     grid[...] = np.take_along_axis(grid, np.argsort(-key, axis=1, kind="stable"), axis=1)
 
