@@ -22,6 +22,7 @@ from seqpack.data.chat_template import TRAIN_ON
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
 from seqpack.data.media.images import load_image_processor
+from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
@@ -78,6 +79,8 @@ PACK_FLAGS = {
     "min_pixels": "--min-pixels",
     "max_pixels": "--max-pixels",
     "overwrite": "--overwrite",
+    "media_dir": "--media-dir",
+    "allow_any_media_path": "--allow-any-media-path",
 }
 
 #: keywords that are also plain words ("algorithm", "format"): translated only as ``key=value``.
@@ -129,6 +132,11 @@ class PackJob:
             Qwen2-VL defaults, built when the first image sample is met).
         num_proc: processes that prepare records in the local engine (not a metadata setting: the
             output is the same for every value).
+        media_dir, allow_any_media_path: the explicit media root (absolute) or ``None`` (each data file's
+            folder), and the opt-out of the media root check (``seqpack.data.media_root``).
+        media_root: the folder the pack's image paths are stored relative to
+            (``seqpack.data.media_root.common_media_root``); recorded in ``metadata.json`` outside the
+            fingerprint, so moving the data does not change it.
     """
 
     inputs: tuple
@@ -149,6 +157,9 @@ class PackJob:
     validate: bool
     image_processor: Any = None
     num_proc: int = 1
+    media_dir: Path | None = None
+    allow_any_media_path: bool = False
+    media_root: Path | None = None
 
     @classmethod
     def create(
@@ -173,6 +184,8 @@ class PackJob:
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         num_proc: int | None = 1,
+        media_dir: str | os.PathLike | None = None,
+        allow_any_media_path: bool = False,
         log: Callable[[str], None] | None = None,
     ) -> "PackJob":
         """Validate every setting (in this order: capacity and pad multiple, algorithm, policies, output
@@ -181,7 +194,8 @@ class PackJob:
         this process, ``len(os.sched_getaffinity(0))``); ``log`` receives one line per repeated input file.
 
         Raises:
-            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
+            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags), e.g.
+                ``media_dir`` that is not a folder.
             FileExistsError: ``output`` exists and ``overwrite`` is False.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """
@@ -197,6 +211,10 @@ class PackJob:
         proc = None
         if image_processor is not None or min_pixels is not None or max_pixels is not None:
             proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
+        try:
+            media = MediaRoot.create(media_dir, allow_any_media_path)
+        except ValueError as e:
+            raise PackConfigError(str(e)) from None
         items = dedupe_inputs(_input_list(inputs), log)
         return cls(
             inputs=tuple(items), output=output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algo,
@@ -204,6 +222,8 @@ class PackJob:
             overlength=overlength, on_error=on_error, train_on=train_on,
             format=None if format in (None, "auto") else format, seed=seed, overwrite=overwrite,
             rows_per_shard=rows_per_shard, validate=validate, image_processor=proc, num_proc=num_proc,
+            media_dir=media.root, allow_any_media_path=media.allow_any,
+            media_root=common_media_root(media.root, items),
         )
 
     def metadata_settings(

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.data.length_policy import check_overlength, image_cut, trainable_mask
-from seqpack.data.media.images import load_image_processor, num_image_tokens, process_images
+from seqpack.data.media.images import ImageError, load_image_processor, num_image_tokens, process_images
 from seqpack.packed.mrope import mrope_position_ids
 from seqpack.data.records import IMAGE_PLACEHOLDER
 from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
@@ -199,7 +199,8 @@ def expand_image_placeholders(
 
     Raises:
         ValueError: placeholder count != image count, unknown policy, over-length under
-            ``"error"``, unreadable image (each names the sample id, source and index).
+            ``"error"``; ``ImageError`` (a ``ValueError`` with ``reason``) for a missing, unreadable or
+            too large image (each names the sample id, source and index).
     """
     check_overlength(overlength)
     where = f"sample {sample.sample_id!r} (source {sample.source}, index {sample.index})"
@@ -223,7 +224,7 @@ def expand_image_placeholders(
     try:
         pixel_values, grid = process_images(imgs, proc)
     except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from e
+        raise ImageError(f"{where}: {e}", getattr(e, "reason", "bad_media")) from e
     n_tok = num_image_tokens(grid, proc.merge_size)
 
     labels = np.asarray(sample.labels, dtype=np.int64)
