@@ -126,7 +126,7 @@ def resolve_stored_image(stored: Any, root: str | os.PathLike | None, *, allow_a
         stored: the path from the ``media`` column (relative POSIX path; absolute only in packs written
             with ``allow_any_media_path`` or by older seqpack versions).
         root: the media root (``load_packed(media_dir=)``, else the one recorded in ``metadata.json``).
-        allow_any: accept absolute paths and paths resolving outside ``root``.
+        allow_any: accept any path (absolute, ``..``, resolving outside ``root``): no check.
 
     Returns:
         the absolute path (URLs unchanged).
@@ -140,8 +140,8 @@ def resolve_stored_image(stored: Any, root: str | os.PathLike | None, *, allow_a
     if is_url(stored):
         return stored
     p = Path(stored)
-    if allow_any and (p.is_absolute() or root is None):
-        return os.path.abspath(p)
+    if allow_any:
+        return os.path.abspath(p if p.is_absolute() or root is None else Path(root) / p)
     if p.is_absolute() or PurePosixPath(stored).is_absolute() or "\\" in stored or ":" in stored.split("/")[0]:
         raise ValueError(
             f"stored image path {stored!r} is absolute; packs store paths relative to the media root. Re-pack "
@@ -152,7 +152,7 @@ def resolve_stored_image(stored: Any, root: str | os.PathLike | None, *, allow_a
         raise ValueError(f"stored image path {stored!r} is relative but no media root is known; pass "
                          "media_dir= (the folder holding the images) to load_packed")
     full = os.path.join(os.path.abspath(root), *PurePosixPath(stored).parts)
-    if not allow_any and not inside_root(full, root):
+    if not inside_root(full, root):
         raise ValueError(f"stored image path {stored!r} resolves to {os.path.realpath(full)}, outside the media "
                          f"root {root} (a symlink out?)")
     return full

@@ -19,7 +19,7 @@ import numpy as np
 
 from seqpack.data.length_policy import OverlengthError, apply_overlength, trainable_mask
 from seqpack.data.media.images import load_image_processor
-from seqpack.data.media.placeholders import _record, expand_image_placeholders
+from seqpack.data.media.placeholders import _position, _record, expand_image_placeholders
 from seqpack.data.media_root import is_url, stored_image_path
 from seqpack.data.prepare import UNLIMITED, prepare
 from seqpack.sample import Sample
@@ -45,13 +45,6 @@ def _image_ref(ref: Any, where: str) -> str:
         "(paths), not pixels. Fix: save the images to files and reference them by path, or pack in batch/"
         "streaming mode (seqpack.collate / seqpack.stream with seqpack.data.media.prepare_multimodal)"
     )
-
-
-def _position(source: Any, index: Any) -> str:
-    """``"line N"`` for a JSONL record (its index is line - 1, ``seqpack.data.sources``), else ``"index N"``."""
-    if isinstance(index, int) and str(source).lower().endswith((".jsonl", ".ndjson")):
-        return f"line {index + 1}"
-    return f"index {index}"
 
 
 def apply_length_policy(

@@ -163,6 +163,13 @@ def _record(sample: Sample, status: str, reason: str, detail: str, before=None, 
     return SampleRecord(sample.sample_id, sample.source, sample.index, status, reason, detail, before, after)
 
 
+def _position(source: Any, index: Any) -> str:
+    """``"line N"`` for a JSONL record (its index is line - 1, ``seqpack.data.sources``), else ``"index N"``."""
+    if isinstance(index, int) and str(source).lower().endswith((".jsonl", ".ndjson")):
+        return f"line {index + 1}"
+    return f"index {index}"
+
+
 def expand_image_placeholders(
     sample: Sample,
     tokenizer,
@@ -203,7 +210,7 @@ def expand_image_placeholders(
             too large image (each names the sample id, source and index).
     """
     check_overlength(overlength)
-    where = f"sample {sample.sample_id!r} (source {sample.source}, index {sample.index})"
+    where = f"sample {sample.sample_id!r} (source {sample.source}, {_position(sample.source, sample.index)})"
     media = dict(sample.media or {})
     imgs = list(images if images is not None else media.get("images") or [])
     vt = VisionTokens.from_tokenizer(tokenizer)
