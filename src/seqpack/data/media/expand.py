@@ -34,6 +34,17 @@ class _InMemoryImageError(ValueError):
     """An image given as an object (PIL, bytes) where the offline dataset needs a path."""
 
 
+def _raise_media_error(e: ValueError) -> None:
+    """Raise the one error of a bad image sample under ``on_error="raise"``: ``e`` itself when its message
+    already names the fix (an in-memory image, an image too large), else ``e`` with the fix appended."""
+    if isinstance(e, _InMemoryImageError) or "Fix:" in str(e):
+        raise e
+    raise ValueError(
+        f"{e}. Fix: correct the image path or file in the record, or pass --on-error skip (on_error='skip') to "
+        "list such records in the report (report.jsonl) and pack the rest"
+    ) from e
+
+
 def _image_ref(ref: Any, where: str) -> str:
     if isinstance(ref, dict) and isinstance(ref.get("path"), str) and not ref.get("bytes"):
         ref = ref["path"]
@@ -110,14 +121,7 @@ def apply_length_policy(
             raise ValueError(f"{e} (--overlength error)") from e
         except ValueError as e:
             if on_error == "raise":
-                if isinstance(e, _InMemoryImageError):
-                    raise
-                if getattr(e, "reason", None) == "image_too_large":  # its message names the fix
-                    raise ValueError(str(e)) from e
-                raise ValueError(
-                    f"{e}. Fix: correct the image path in the record, or pass --on-error skip "
-                    "(on_error='skip') to list such records in report.jsonl and pack the rest"
-                ) from e
+                _raise_media_error(e)
             reason = getattr(e, "reason", "bad_media")
             report.entries.append(SampleRecord(s.sample_id, s.source, s.index, "skipped", reason, str(e)))
             continue
@@ -176,7 +180,7 @@ def expand_samples(
             raise
         except ValueError as e:
             if on_error == "raise":
-                raise
+                _raise_media_error(e)
             rep.entries.append(_record(s, "skipped", getattr(e, "reason", "bad_media"), str(e)))
             continue
         if rec is not None:
