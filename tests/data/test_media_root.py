@@ -156,6 +156,8 @@ def test_pack_skips_escapes_with_reasons_and_refuses_by_default(tree, qwen3_toke
     # opt-out: every record packed
     res = pack_dataset(data, tree / "any", allow_any_media_path=True, **common)
     assert res.metadata.counts["samples_packed"] == 5 and not res.report.entries
+    assert res.metadata.extra["fingerprint_extra"] == {"allow_any_media_path": True}  # it changes what is packed
+    load_packed(res.output, verify=True)
     # the stored path of an image outside the root stays absolute, and reading it needs the opt-out too
     with pytest.raises(PackedDatasetError, match=r"row \d+ of shard data/.*is absolute.*allow_any_media_path=True"):
         [load_packed(res.output)[i] for i in range(res.num_packs)]

@@ -132,11 +132,9 @@ class PackJob:
             Qwen2-VL defaults, built when the first image sample is met).
         num_proc: processes that prepare records in the local engine (not a metadata setting: the
             output is the same for every value).
-        media_dir, allow_any_media_path: the explicit media root (absolute) or ``None`` (each data file's
-            folder), and the opt-out of the media root check (``seqpack.data.media_root``).
-        media_root: the folder the pack's image paths are stored relative to
-            (``seqpack.data.media_root.common_media_root``); recorded in ``metadata.json`` outside the
-            fingerprint, so moving the data does not change it.
+        media_dir, allow_any_media_path, media_root: the explicit media root or ``None`` (each data file's
+            folder), the opt-out of its check, and the folder stored image paths are relative to
+            (``seqpack.data.media_root``; in ``metadata.json`` outside the fingerprint).
     """
 
     inputs: tuple
@@ -194,8 +192,7 @@ class PackJob:
         this process, ``len(os.sched_getaffinity(0))``); ``log`` receives one line per repeated input file.
 
         Raises:
-            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags), e.g.
-                ``media_dir`` that is not a folder.
+            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
             FileExistsError: ``output`` exists and ``overwrite`` is False.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """

@@ -220,6 +220,8 @@ def pack_dataset(
             lengths=lengths, trainable_tokens=int(trainable), bins=plan.bins, lower_bound=int(plan.lower_bound),
             report=report, settings=settings, described_inputs=[describe_input(i) for i in job.inputs],
             tokenizer_name=tok.name, media=media,
+            # the opt-out changes which image records are packed; not a setting of text-only data
+            fingerprint_extra={"allow_any_media_path": True} if media and job.allow_any_media_path else None,
         )
         rows = stages.build_rows(job, plan.bins, get_sample, tok.pad_token_id, bars)
         meta = stages.write(job, rows, meta, report.entries)
