@@ -4,8 +4,8 @@
 Stored image paths are relative to the pack's media root (``seqpack.data.media_root``). The root is
 recorded in ``metadata.json`` (``media.media_root``, absolute, and ``media.media_root_relative``, from the
 dataset folder) outside the fingerprint; a reader takes ``media_dir=`` when given, else the recorded
-root relative to the dataset folder when that folder exists (data and pack moved together), else the
-recorded absolute root. Stored paths are checked (:func:`seqpack.data.media_root.resolve_stored_image`)
+absolute root when it exists, else the recorded root relative to the dataset folder (data and pack
+moved together). Stored paths are checked (:func:`seqpack.data.media_root.resolve_stored_image`)
 before any file is opened.
 """
 
@@ -35,8 +35,9 @@ def media_root_metadata(media_root: str | os.PathLike, output: str | os.PathLike
 def find_media_root(path: Path, media: Mapping[str, Any] | None, media_dir: str | os.PathLike | None = None
                     ) -> Path | None:
     """The folder a dataset's stored image paths resolve against (module docstring): ``media_dir``, else
-    ``path / media_root_relative`` when it is a folder, else ``media_root``; ``None`` when neither is
-    recorded (packs from older seqpack versions store absolute paths).
+    ``media_root`` when it is a folder, else ``path / media_root_relative`` when that is one (data and pack
+    moved together), else ``media_root``; ``None`` when neither is recorded (packs from older seqpack
+    versions store absolute paths).
 
     Raises:
         PackedDatasetError: ``media_dir`` is not an existing folder.
@@ -48,9 +49,10 @@ def find_media_root(path: Path, media: Mapping[str, Any] | None, media_dir: str 
         return Path(os.path.abspath(media_dir))
     media = media or {}
     rel, root = media.get("media_root_relative"), media.get("media_root")
-    if isinstance(rel, str) and rel and (path / rel).is_dir():
+    root = Path(root) if isinstance(root, str) and root else None
+    if (root is None or not root.is_dir()) and isinstance(rel, str) and rel and (path / rel).is_dir():
         return Path(os.path.abspath(path / rel))
-    return Path(root) if isinstance(root, str) and root else None
+    return root
 
 
 def image_processor_from_metadata(path: Path, media: Mapping[str, Any] | None):

@@ -80,7 +80,11 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 img = Image.open(fh)
-                _check_pixels(img, name)
+                try:
+                    _check_pixels(img, name)
+                except ImageError:
+                    img.close()
+                    raise
                 img.load()
         except ImageError:
             raise
