@@ -84,3 +84,69 @@ def test_fuzzed_records_are_packed_or_reported_never_lost(tmp_path_factory, tok,
         assert bad_line is not None and bad_line - 1 in failed, msg
     else:
         assert not failed
+
+
+# ------------------------------------------------------------------ image records: hostile references and files
+
+_IMAGE_KINDS = ("good", "bomb", "truncated", "not_image", "dotdot", "absolute_out", "symlink_out", "missing")
+
+
+@pytest.fixture(scope="module")
+def image_tree(tmp_path_factory):
+    """data/images/{good,bomb,truncated,not_image}.png and a symlink out; outside.png beside data/."""
+    import os
+
+    from PIL import Image
+
+    from tests.data.test_media_root import bomb_png
+
+    top = tmp_path_factory.mktemp("fuzz_media")
+    img = top / "data" / "images"
+    img.mkdir(parents=True)
+    Image.new("RGB", (56, 56), (9, 99, 199)).save(img / "good.png")
+    Image.new("RGB", (56, 56), (1, 2, 3)).save(top / "outside.png")
+    bomb_png(img / "bomb.png", 10_000, 10_000)
+    (img / "truncated.png").write_bytes((img / "good.png").read_bytes()[:70])
+    (img / "not_image.png").write_text("plain text")
+    os.symlink(top / "outside.png", img / "symlink_out.png")
+    return top
+
+
+def _image_ref(kind: str, top) -> str:
+    return {"dotdot": "../outside.png", "absolute_out": str(top / "outside.png"),
+            "missing": "nope.png"}.get(kind, f"{kind}.png")
+
+
+@seed(20261202)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(_IMAGE_KINDS), min_size=1, max_size=5))
+def test_fuzzed_image_records_are_packed_or_reported_never_lost(tmp_path_factory, tok, image_tree, kinds):
+    from seqpack.data.media import prepare_multimodal
+
+    path = image_tree / "data" / f"data-{tmp_path_factory.mktemp('n').name}.jsonl"
+    recs = [{"conversations": [{"from": "human", "value": "<image>What?"}, {"from": "gpt", "value": "A thing."}],
+             "image": _image_ref(k, image_tree)} for k in kinds]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    small = {"max_pixels": 64 * 28 * 28, "min_pixels": 4 * 28 * 28}
+    samples, report = prepare_multimodal(str(path), tok, seq_length=512, image_processor=small, on_error="skip")
+    assert report.records_read == len(kinds)
+    packed = {s.index for s in samples}
+    reported = {e.index: e.reason for e in report.entries if e.status == "skipped"}
+    assert packed.isdisjoint(reported) and packed | set(reported) == set(range(len(kinds)))
+    want = {"good": None, "bomb": "image_too_large", "truncated": "bad_media", "not_image": "bad_media",
+            "dotdot": "media_outside_root", "absolute_out": "media_outside_root",
+            "symlink_out": "media_outside_root", "missing": "missing_image"}
+    assert [reported.get(i) for i in range(len(kinds))] == [want[k] for k in kinds]
+    # records are read (references resolved) before images are opened: a reading error comes first
+    read_bad = [i for i, k in enumerate(kinds) if want[k] in ("media_outside_root", "missing_image")]
+    first_bad = read_bad[0] if read_bad else next((i for i, k in enumerate(kinds) if k != "good"), None)
+    try:
+        prepare_multimodal(str(path), tok, seq_length=512, image_processor=small)
+    except ValueError as e:  # DataFormatError (reading) or the media stage's ValueError
+        msg = str(e)
+        assert path.name in msg and "Fix:" in msg and "Traceback" not in msg, msg
+        line = first_bad + 1
+        assert f"line {line}" in msg or f"{path.name}:{first_bad}" in msg, msg
+    else:
+        assert first_bad is None

@@ -288,8 +288,10 @@ def test_offline_media_in_memory_image_refused(img_dir, qwen3_tokenizer):
     from PIL import Image
 
     recs = [_rec(Image.new("RGB", (56, 56), (10, 20, 30))), _rec(str(img_dir / "a.jpg"))]
+    # record lists have no data folder: their media root is the current directory unless media_dir= says
     with pytest.raises(ValueError, match=r"records:0.*in-memory Image.*save the images to files"):
-        pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, **SMALL)
-    res = pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, on_error="skip", **SMALL)
+        pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, media_dir=img_dir, **SMALL)
+    res = pack_dataset(recs, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=512, on_error="skip",
+                       media_dir=img_dir, **SMALL)
     assert [(e.index, e.reason) for e in res.report.entries] == [(0, "bad_media")]
     assert res.metadata.counts["images"] == 1

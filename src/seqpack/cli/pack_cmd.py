@@ -98,6 +98,15 @@ def pack(
     max_pixels: Optional[int] = typer.Option(
         None, "--max-pixels", help="Image records: most pixels per resized image (fewer pixels, fewer image tokens)."
     ),
+    media_dir: Optional[Path] = typer.Option(
+        None, "--media-dir",
+        help="Image records: the media root; image paths resolve against it (DIR/ref, then DIR/images/ref) and "
+             "must stay inside it. Default: each data file's folder.",
+    ),
+    allow_any_media_path: bool = typer.Option(
+        False, "--allow-any-media-path",
+        help="Image records: read images wherever the records point ('../', absolute paths, symlinks out).",
+    ),
 ) -> None:
     """Pack chat data into an offline packed dataset (Parquet shards + metadata.json + report.jsonl).
 
@@ -132,12 +141,14 @@ def pack(
     if engine == "ray" and num_proc is not None:
         _fail("--num-proc applies to --engine local only (the Ray engine takes --num-cpus)", 2)
     engine_kw = {"num_cpus": num_cpus, "planning": planning or "global"} if engine == "ray" else {}
-    if engine == "ray" and (image_processor is not None or min_pixels is not None or max_pixels is not None):
-        _fail("--image-processor/--min-pixels/--max-pixels apply to --engine local only (image-text data is "
-              "packed by the local engine)", 2)
+    if engine == "ray" and (image_processor is not None or min_pixels is not None or max_pixels is not None
+                            or media_dir is not None or allow_any_media_path):
+        _fail("--image-processor/--min-pixels/--max-pixels/--media-dir/--allow-any-media-path apply to --engine "
+              "local only (image-text data is packed by the local engine)", 2)
     if engine != "ray":
         engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels,
-                     "num_proc": 1 if num_proc is None else num_proc}
+                     "num_proc": 1 if num_proc is None else num_proc, "media_dir": media_dir,
+                     "allow_any_media_path": allow_any_media_path}
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
+from seqpack.data.media_root import MediaRoot
 from seqpack.data.records import DataFormatError, RawRecord
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
@@ -45,6 +46,8 @@ def prepare(
     num_proc: int = 1,
     workers: PreparePool | None = None,
     keep_image_placeholders: bool = False,
+    media_dir: str | os.PathLike | None = None,
+    allow_any_media_path: bool = False,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
 
@@ -79,6 +82,10 @@ def prepare(
             model's image-token runs itself (``seqpack.data.media.prepare_multimodal``, ``seqpack pack``).
             Default False: such a record is refused, since its token ids and length are not what the
             model is trained on.
+        media_dir: the media root: image references resolve against it (``root/ref``, then
+            ``root/images/ref``) and must lie inside it after resolving symlinks; default: each data file's
+            folder (the current directory for record lists and datasets). See ``seqpack.data.media_root``.
+        allow_any_media_path: read images wherever the records point (no media root check).
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
@@ -95,7 +102,8 @@ def prepare(
         OverlengthError: ``overlength="error"`` and a sample is longer than ``seq_length``.
         FileNotFoundError: a path or glob matches nothing.
         TokenizerError: the tokenizer cannot be loaded or has no chat template.
-        ValueError: an invalid option (``num_proc`` < 1, ``workers`` for another tokenizer).
+        ValueError: an invalid option (``num_proc`` < 1, ``workers`` for another tokenizer, ``media_dir``
+            not a folder).
     """
     if overlength not in OVERLENGTH_POLICIES:
         raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")
@@ -122,7 +130,8 @@ def prepare(
     total = _total_records(items)
     report = PrepareReport()
     samples: list[Sample] = []
-    settings = ChunkSettings(markers, chat_template_kwargs, format, train_on, seq_length, overlength, keep_untrainable)
+    settings = ChunkSettings(markers, chat_template_kwargs, format, train_on, seq_length, overlength, keep_untrainable,
+                             media=MediaRoot.create(media_dir, allow_any_media_path))
     pool = workers if workers is not None else PreparePool(num_proc, tokenizer)
     if pool.tokenizer is not tokenizer:
         raise ValueError("workers= holds another tokenizer than the one given to prepare")

@@ -28,6 +28,7 @@ from seqpack.accounting import SampleRecord
 from seqpack.data.chat_template import TemplateMarkers, encode_texts, render_conversation
 from seqpack.data.formats import normalize_record
 from seqpack.data.length_policy import apply_overlength
+from seqpack.data.media_root import MediaRoot
 from seqpack.data.records import DataFormatError, RawRecord
 
 __all__ = ["ChunkSettings", "PreparePool", "prepare_chunk"]
@@ -44,6 +45,7 @@ class ChunkSettings:
     seq_length: int
     overlength: str
     keep_untrainable: bool
+    media: MediaRoot = MediaRoot()  # where image references may point
 
 
 #: One outcome per record: ``("ok", samples, entries)`` (the record's samples and over-length entries),
@@ -64,7 +66,7 @@ def prepare_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
     good: list[tuple[int, Any, str, str, list]] = []
     for k, (raw, sid) in enumerate(records):
         try:
-            conv = normalize_record(raw, settings.format)
+            conv = normalize_record(raw, settings.format, settings.media)
             text, spans = render_conversation(conv, tokenizer, settings.markers, settings.chat_template_kwargs)
         except Exception as e:  # noqa: BLE001 - returned and raised by the caller in input order
             entry = SampleRecord(sid, raw.source, raw.index, "skipped", e.reason, str(e)) if isinstance(

@@ -99,8 +99,10 @@ class PackedMetadata:
             ``seqpack.data.media.load_image_processor``), ``min_pixels``, ``max_pixels``,
             ``patch_size``, ``merge_size``, ``temporal_patch_size``, the vision token ids
             (``image_pad_id``, ``vision_start_id``, ``vision_end_id``) and the counts ``images``,
-            ``image_tokens``, ``samples_with_images``. Pixels are not stored (the per-pack ``media``
-            column holds image paths and ``image_grid_thw``).
+            ``image_tokens``, ``samples_with_images``, and the media root the stored image paths are
+            relative to: ``media_root`` (absolute) and ``media_root_relative`` (from the dataset folder),
+            outside the fingerprint (``seqpack.io.media``). Pixels are not stored (the per-pack
+            ``media`` column holds image paths and ``image_grid_thw``).
     """
 
     seq_length: int
@@ -292,6 +294,14 @@ def _model():
         media: dict[str, Any] | None = None
         extra: dict[str, Any] = {}
         capacity: StrictInt | None = None
+
+        @field_validator("media")
+        @classmethod
+        def _media_root(cls, v: dict | None) -> dict | None:
+            for key in ("media_root", "media_root_relative"):
+                if v is not None and v.get(key) is not None and not (isinstance(v[key], str) and v[key]):
+                    raise ValueError(f"media.{key} must be a non-empty path string, got {v[key]!r}")
+            return v
 
         @model_validator(mode="after")
         def _consistent(self):

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from seqpack.io.fingerprint import sha256_file, verify_fingerprint
 from seqpack.io.output_dir import private_cache_root
-from seqpack.io.media import image_processor_from_metadata, segment_media
+from seqpack.io.media import PackMedia
 from seqpack.io.metadata import (
     REPORT_FILE,
     PackedDatasetError,
@@ -110,24 +110,26 @@ class PackedDataset:
     DataLoader workers: the memory maps are reopened in each worker).
 
     Image-text packs: ``ds[i].media`` lists one entry per segment (``None`` for text-only ones) with
-    ``images`` (paths), ``image_grid_thw`` (int64 ``[k, 3]``), ``image_tokens`` (int64 ``[k]``) and
-    ``mrope_position_ids`` (int64 ``[3, L]``, the segment's M-RoPE positions); ``ds[i].extra[
-    "mrope_position_ids"]`` holds the row's (int64 ``[3, T]``, restarting per segment). With
-    ``load_media=True`` each entry also gets ``pixel_values`` (float32 ``[sum prod(grid), D]``),
-    recomputed from the image files with the image processor settings stored in ``metadata.json``
-    (cost: opening + resizing every image of the pack, per access); ``seqpack.data.media.collate_media``
-    or the collators concatenate them in pack order.
+    ``images`` (absolute paths under ``media.root``), ``image_grid_thw`` (int64 ``[k, 3]``), ``image_tokens``
+    (int64 ``[k]``) and ``mrope_position_ids`` (int64 ``[3, L]``); ``ds[i].extra["mrope_position_ids"]``
+    holds the row's (int64 ``[3, T]``, restarting per segment). With ``load_media=True`` each entry also
+    gets ``pixel_values`` (float32 ``[sum prod(grid), D]``), recomputed from the image files with the
+    image processor settings stored in ``metadata.json`` (cost: opening + resizing every image of the
+    pack, per access); ``seqpack.data.media.collate_media`` or the collators concatenate them in order.
 
     Attributes:
         path: dataset directory.
         metadata: the :class:`PackedMetadata` read from ``metadata.json``.
+        media: the :class:`seqpack.io.media.PackMedia` (``media.root``: where image paths resolve).
     """
 
     def __init__(self, path: str | os.PathLike, metadata: PackedMetadata, *, memory_map: bool = True,
-                 cache_dir: str | os.PathLike | None = None, load_media: bool = False) -> None:
+                 cache_dir: str | os.PathLike | None = None, load_media: bool = False,
+                 media_dir: str | os.PathLike | None = None, allow_any_media_path: bool = False) -> None:
         self.path = Path(path)
         self.load_media = bool(load_media)
-        self._processor: Any = None
+        self.media = PackMedia(self.path, metadata.media, load_media=load_media, media_dir=media_dir,
+                               allow_any=allow_any_media_path)
         self.metadata = metadata
         self.memory_map = memory_map
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -226,14 +228,13 @@ class PackedDataset:
         return out
 
     def image_processor(self):
-        """The image processor rebuilt from ``metadata.media["image_processor"]`` (cached).
+        """The image processor rebuilt from ``metadata.media["image_processor"]`` (cached); raises
+        ``PackedDatasetError`` for a dataset without images."""
+        return self.media.processor()
 
-        Raises:
-            PackedDatasetError: the dataset has no images (no ``media`` section in its metadata).
-        """
-        if self._processor is None:
-            self._processor = image_processor_from_metadata(self.path, self.metadata.media)
-        return self._processor
+    def _row(self, i: int) -> str:
+        k, j = self._locate(i)
+        return f"row {j} of shard {self.metadata.shards[k].file}"
 
     def _check_row(self, i: int, c: Mapping[str, Any]) -> None:
         """Refuse a stored row whose boundary arrays cannot describe it (crafted or damaged shard), naming the
@@ -241,10 +242,8 @@ class PackedDataset:
         problem = stored_row_problem(c["cu_seqlens"], c["cu_seqlens_padded"], len(c["input_ids"]), len(c["labels"]),
                                      len(c["sample_ids"]), c.get("final_target_segments", ()))
         if problem is not None:
-            k, j = self._locate(i)
-            raise PackedDatasetError(f"{self.path}: pack {i} (row {j} of shard {self.metadata.shards[k].file}) is "
-                                     f"not a valid packed row: {problem}. The shard was altered or damaged; re-pack "
-                                     "the data")
+            raise PackedDatasetError(f"{self.path}: pack {i} ({self._row(i)}) is not a valid packed row: {problem}. "
+                                     "The shard was altered or damaged; re-pack the data")
 
     def __getitem__(self, i: int):
         """Return pack ``i`` as a :class:`~seqpack.packed.PackedSequence` (every derived field rebuilt
@@ -256,9 +255,7 @@ class PackedDataset:
         if "final_target_segments" in c:
             has_final_target = np.zeros(len(c["cu_seqlens"]) - 1, dtype=bool)
             has_final_target[np.asarray(c["final_target_segments"], dtype=np.int64)] = True
-        merge = int((m.media or {}).get("merge_size") or 2)
-        media = segment_media(self.path, int(i), c.get("media"), c["sample_ids"], merge_size=merge,
-                              processor=self.image_processor if self.load_media else None)
+        media = self.media.segments(int(i), c.get("media"), c["sample_ids"], lambda: self._row(i))
         extra: dict[str, Any] = {
             "pad_to_multiple_of": m.effective_pad_multiple,
             "seq_length": m.seq_length,
@@ -275,7 +272,7 @@ class PackedDataset:
             extra=extra,
             # the builder computes each image segment's M-RoPE table and the row's (extra["mrope_position_ids"])
             image_pad_id=(m.media or {}).get("image_pad_id"),
-            merge_size=merge,
+            merge_size=self.media.merge_size,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -300,10 +297,7 @@ class PackedDataset:
 
     # -- pickling (DataLoader workers) -------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["_shards"] = [None] * len(self._shards)
-        d["_processor"] = None
-        return d
+        return {**self.__dict__, "_shards": [None] * len(self._shards)}
 
     def __repr__(self) -> str:
         m = self.metadata
@@ -319,6 +313,8 @@ def load_packed(
     cache_dir: str | os.PathLike | None = None,
     verify: bool = False,
     load_media: bool = False,
+    media_dir: str | os.PathLike | None = None,
+    allow_any_media_path: bool = False,
 ) -> PackedDataset:
     """Open a packed dataset written by :func:`seqpack.io.write_packed` / ``seqpack pack``.
 
@@ -341,7 +337,9 @@ def load_packed(
             sha256 measured 0.95-1.9 GB/s on one core of the 2-core dev box, 256 MiB in memory; disk
             reads come on top), so it is off by default; ``seqpack inspect --verify`` turns it on.
         load_media: image-text datasets: recompute ``pixel_values`` for every segment's images on
-            access (see :class:`PackedDataset`); the image files must still exist at the stored paths.
+            access (see :class:`PackedDataset`); the image files must exist under the media root.
+        media_dir, allow_any_media_path: the folder stored image paths resolve against (default: the one
+            in ``metadata.json``) and the opt-out of their checks (``seqpack.io.media``).
 
     Returns:
         :class:`PackedDataset`; ``ds[i]`` is a ``PackedSequence`` whose ``input_ids``/``labels`` have
@@ -395,6 +393,7 @@ def load_packed(
         _check_expect(p, meta, expect)
     if load_media and not meta.media:
         raise PackedDatasetError(f"{p}: load_media=True but the dataset holds no images (metadata.json has no media)")
-    ds = PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media)
+    ds = PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media,
+                       media_dir=media_dir, allow_any_media_path=allow_any_media_path)
     ds._rebuild_cache = bool(verify)
     return ds

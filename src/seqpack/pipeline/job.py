@@ -22,6 +22,7 @@ from seqpack.data.chat_template import TRAIN_ON
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
 from seqpack.data.media.images import load_image_processor
+from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
@@ -78,6 +79,8 @@ PACK_FLAGS = {
     "min_pixels": "--min-pixels",
     "max_pixels": "--max-pixels",
     "overwrite": "--overwrite",
+    "media_dir": "--media-dir",
+    "allow_any_media_path": "--allow-any-media-path",
 }
 
 #: keywords that are also plain words ("algorithm", "format"): translated only as ``key=value``.
@@ -129,6 +132,9 @@ class PackJob:
             Qwen2-VL defaults, built when the first image sample is met).
         num_proc: processes that prepare records in the local engine (not a metadata setting: the
             output is the same for every value).
+        media_dir, allow_any_media_path, media_root: the explicit media root or ``None`` (each data file's
+            folder), the opt-out of its check, and the folder stored image paths are relative to
+            (``seqpack.data.media_root``; in ``metadata.json`` outside the fingerprint).
     """
 
     inputs: tuple
@@ -149,6 +155,9 @@ class PackJob:
     validate: bool
     image_processor: Any = None
     num_proc: int = 1
+    media_dir: Path | None = None
+    allow_any_media_path: bool = False
+    media_root: Path | None = None
 
     @classmethod
     def create(
@@ -173,6 +182,8 @@ class PackJob:
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         num_proc: int | None = 1,
+        media_dir: str | os.PathLike | None = None,
+        allow_any_media_path: bool = False,
         log: Callable[[str], None] | None = None,
     ) -> "PackJob":
         """Validate every setting (in this order: capacity and pad multiple, algorithm, policies, output
@@ -197,6 +208,10 @@ class PackJob:
         proc = None
         if image_processor is not None or min_pixels is not None or max_pixels is not None:
             proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
+        try:
+            media = MediaRoot.create(media_dir, allow_any_media_path)
+        except ValueError as e:
+            raise PackConfigError(str(e)) from None
         items = dedupe_inputs(_input_list(inputs), log)
         return cls(
             inputs=tuple(items), output=output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algo,
@@ -204,6 +219,8 @@ class PackJob:
             overlength=overlength, on_error=on_error, train_on=train_on,
             format=None if format in (None, "auto") else format, seed=seed, overwrite=overwrite,
             rows_per_shard=rows_per_shard, validate=validate, image_processor=proc, num_proc=num_proc,
+            media_dir=media.root, allow_any_media_path=media.allow_any,
+            media_root=common_media_root(media.root, items),
         )
 
     def metadata_settings(

@@ -82,6 +82,8 @@ def pack_dataset(
     min_pixels: int | None = None,
     max_pixels: int | None = None,
     num_proc: int | None = 1,
+    media_dir: str | os.PathLike | None = None,
+    allow_any_media_path: bool = False,
 ) -> PackResult:
     """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
 
@@ -92,9 +94,11 @@ def pack_dataset(
 
     Image-text records (LLaVA ``image``/``images``, messages with image parts) are packed at their
     expanded length (image tokens included, a placeholder run never cut) and each pack stores, per
-    segment in pack order, ``images`` (absolute paths), ``image_grid_thw`` and ``image_tokens``: no
-    pixels. ``load_packed(..., load_media=True)`` recomputes ``pixel_values`` with the image processor
-    settings stored in ``metadata.json`` (``media``). Text-only records in the same inputs pack as usual.
+    segment in pack order, ``images`` (paths relative to the media root), ``image_grid_thw`` and
+    ``image_tokens``: no pixels. ``load_packed(..., load_media=True)`` recomputes ``pixel_values`` with the
+    image processor settings stored in ``metadata.json`` (``media``). Text-only records in the same inputs
+    pack as usual. Image references must lie inside the media root (``media_dir``, default each data
+    file's folder; ``seqpack.data.media_root``).
 
     Memory: input files are read and tokenized one at a time; each file's samples go to a disk spill
     (:class:`seqpack.io.spill.SampleSpill`, a hidden ``.<output name>.spill-*`` folder beside the output,
@@ -131,6 +135,11 @@ def pack_dataset(
         num_proc: processes that render and tokenize records (default 1 = this process; ``None``: the
             cores available to this process, ``len(os.sched_getaffinity(0))``). The output (rows, report,
             metadata fingerprint) and the errors are the same for every value; not a metadata setting.
+        media_dir: the media root image references resolve against (``root/ref``, then
+            ``root/images/ref``) and must stay inside after resolving symlinks; default: each data file's
+            folder. Stored image paths are relative to it (or to the folder common to the data files),
+            and it is recorded in ``metadata.json`` (``media.media_root``, outside the fingerprint).
+        allow_any_media_path: read images wherever the records point (no media root check).
 
     Returns:
         :class:`PackResult`.
@@ -143,7 +152,8 @@ def pack_dataset(
         FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
         FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix); a missing
             or unreadable image raises ``ValueError`` naming the sample and path (``on_error="skip"``
-            lists it in the report as ``skipped``/``bad_media``).
+            lists it in the report as ``skipped``/``bad_media``; an image above PIL's pixel limit as
+            ``image_too_large``; one outside the media root as ``media_outside_root``).
     """
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
@@ -153,7 +163,8 @@ def pack_dataset(
         pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, overlength=overlength,
         on_error=on_error, train_on=train_on, seed=seed, format=format, overwrite=overwrite,
         rows_per_shard=rows_per_shard, validate=validate, image_processor=image_processor,
-        min_pixels=min_pixels, max_pixels=max_pixels, num_proc=num_proc, log=say,
+        min_pixels=min_pixels, max_pixels=max_pixels, num_proc=num_proc, media_dir=media_dir,
+        allow_any_media_path=allow_any_media_path, log=say,
     )
     tok = stages.open_tokenizer(job)
     totals = stages.PrepareTotals()
@@ -203,11 +214,14 @@ def pack_dataset(
         settings = job.metadata_settings(
             tokenizer_hash=tok.files_sha256, chat_template_hash=tok.chat_template_sha256, pad_token_id=tok.pad_token_id
         )
-        media = {**media_metadata(proc, tok.tokenizer), **totals.stats} if totals.stats["images"] else None
+        media = ({**media_metadata(proc, tok.tokenizer, job.media_root, job.output), **totals.stats}
+                 if totals.stats["images"] else None)
         meta = build_metadata(
             lengths=lengths, trainable_tokens=int(trainable), bins=plan.bins, lower_bound=int(plan.lower_bound),
             report=report, settings=settings, described_inputs=[describe_input(i) for i in job.inputs],
             tokenizer_name=tok.name, media=media,
+            # the opt-out changes which image records are packed; not a setting of text-only data
+            fingerprint_extra={"allow_any_media_path": True} if media and job.allow_any_media_path else None,
         )
         rows = stages.build_rows(job, plan.bins, get_sample, tok.pad_token_id, bars)
         meta = stages.write(job, rows, meta, report.entries)

@@ -8,19 +8,23 @@ import numpy as np
 
 from seqpack.data.media.placeholders import VisionTokens
 from seqpack.io.fingerprint import compute_fingerprint, fingerprint_settings
+from seqpack.io.media import media_root_metadata
 from seqpack.io.metadata import PackedMetadata
 from seqpack.pipeline.job import processor_settings
 
 __all__ = ["build_metadata", "media_metadata"]
 
 
-def media_metadata(proc: Any, tok: Any) -> dict[str, Any]:
+def media_metadata(proc: Any, tok: Any, media_root: Any = None, output: Any = None) -> dict[str, Any]:
     """The ``metadata.json`` ``media`` section: image processor settings (``image_processor``, the full
-    config; ``min_pixels``, ``max_pixels``, ``patch_size``, ``merge_size``, ``temporal_patch_size``) and
-    the vision token ids (``image_pad_id``, ``vision_start_id``, ``vision_end_id``)."""
+    config; ``min_pixels``, ``max_pixels``, ``patch_size``, ``merge_size``, ``temporal_patch_size``), the
+    vision token ids (``image_pad_id``, ``vision_start_id``, ``vision_end_id``) and, given the pack's
+    ``media_root`` and ``output`` folder, where the stored image paths are relative to
+    (``seqpack.io.media.media_root_metadata``; not in the fingerprint)."""
     cfg = processor_settings(proc)
     vt = VisionTokens.from_tokenizer(tok)
     return {
+        **(media_root_metadata(media_root, output) if media_root is not None else {}),
         "image_processor": cfg,
         "min_pixels": cfg.get("min_pixels"),
         "max_pixels": cfg.get("max_pixels"),

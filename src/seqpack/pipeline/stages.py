@@ -148,6 +148,7 @@ def prepare(
     samples, rep = data.prepare(
         one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
         train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
+        media_dir=job.media_dir, allow_any_media_path=job.allow_any_media_path,
     )
     if names is not None and len(items) == 1:
         rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
@@ -159,7 +160,7 @@ def prepare(
     n_read = len(rep.entries)
     samples, rep, stats = apply_length_policy(
         samples, rep, tok.tokenizer, seq_length=job.seq_length, overlength=job.overlength, on_error=job.on_error,
-        image_processor=proc, progress=progress,
+        image_processor=proc, progress=progress, media_root=job.media_root,
     )
     policy = rep.entries[n_read:]
     del rep.entries[n_read:]

@@ -19,6 +19,7 @@ from seqpack.data.formats.alpaca import from_alpaca
 from seqpack.data.formats.llava import has_images, record_images
 from seqpack.data.formats.openai import from_openai
 from seqpack.data.formats.sharegpt import from_sharegpt
+from seqpack.data.media_root import MediaRoot
 from seqpack.data.records import IMAGE_PLACEHOLDER, Conversation, DataFormatError, RawRecord
 from seqpack.data.sources import InMemoryRecords, expand_inputs, iter_records, strip_arrow_nulls
 
@@ -56,22 +57,25 @@ def detect_format(rec: Any) -> str | None:
     return None
 
 
-def normalize_record(raw: RawRecord, format: str | None = None) -> Conversation:
+def normalize_record(raw: RawRecord, format: str | None = None, media: MediaRoot | None = None) -> Conversation:
     """Normalise one raw record into a ``Conversation``.
 
     Args:
         raw: the record and its provenance.
         format: one of ``FORMATS`` to force, or ``None`` to detect (``detect_format``).
+        media: where image references may point (``seqpack.data.media_root.MediaRoot``; default: inside
+            the record's data folder, ``raw.base_dir``).
 
     Raises:
         DataFormatError: malformed JSON or bad UTF-8 (carried by ``raw``), unknown format, a key
             the forced ``format`` needs is missing, empty conversation, no assistant turn, an empty
             assistant turn (no text, tool calls or reasoning), unknown role, content of the wrong type, bad tool call JSON, missing
-            image file, or a ``<image>`` count that differs from the number of images.
+            image file, an image outside the media root (``"media_outside_root"``), or a ``<image>``
+            count that differs from the number of images.
     """
     if raw.error is not None:
         raise raw.error
-    ctx = _Ctx(raw)
+    ctx = _Ctx(raw, media)
     rec = raw.data
     if not isinstance(rec, dict):
         raise ctx.err(

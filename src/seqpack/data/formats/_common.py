@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from seqpack.data.media_root import MediaRoot
 from seqpack.data.records import DataFormatError, RawRecord
 
 
@@ -25,8 +26,9 @@ def _present(rec: dict, key: str) -> bool:
 class _Ctx:
     """Provenance of the record being normalised (for error messages)."""
 
-    def __init__(self, raw: RawRecord) -> None:
+    def __init__(self, raw: RawRecord, media: MediaRoot | None = None) -> None:
         self.raw = raw
+        self.media = media if media is not None else MediaRoot()  # where image references may point
         self.inline_images: list[Any] = []  # image references from typed content parts
 
     def err(self, message: str, reason: str, fix: str) -> DataFormatError:

@@ -1,6 +1,7 @@
 """``llava``: the text side of LLaVA-style records: any other format plus ``image`` / ``images`` (a path
 or a list of paths). ``<image>`` placeholders stay in the text; the image references are resolved
-(relative to the data file's folder, then its ``images/`` folder, as in lmms-finetune) and kept in
+(relative to the media root, by default the data file's folder, then its ``images/`` folder, as in
+lmms-finetune; a file outside the root is refused, ``seqpack.data.media_root``) and kept in
 ``Conversation.images`` in placeholder order. Pixels are loaded elsewhere (``seqpack.data.media``)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from seqpack.data.formats._common import _Ctx
+from seqpack.data.media_root import MEDIA_FIX, inside_root, is_url
 from seqpack.data.records import IMAGE_PLACEHOLDER
 
 __all__ = ["has_images", "record_images"]
@@ -37,8 +39,8 @@ def record_images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
     """The record's image references in placeholder order (paths resolved; objects kept as given).
 
     Raises:
-        DataFormatError: both an images column and image parts, placeholder count != image count, or a
-            missing image file.
+        DataFormatError: both an images column and image parts, placeholder count != image count, a
+            missing image file (``"missing_image"``), or one outside the media root (``"media_outside_root"``).
     """
     refs: list[Any] = []
     for key in ("images", "image"):
@@ -74,17 +76,32 @@ def record_images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
 
 
 def _resolve_image(ref: str, ctx: _Ctx) -> str:
-    if ref.startswith(("data:", "http://", "https://", "s3://", "gs://", "hf://")):
-        return ref  # URLs and data URIs are kept as given (loaded by the media stage)
-    base = ctx.raw.base_dir
-    candidates = [Path(ref)] if Path(ref).is_absolute() or base is None else [base / ref, base / "images" / ref]
-    if base is None and not Path(ref).is_absolute():
-        candidates = [Path(ref).resolve()]
+    """The absolute path of an image reference: tried as ``root/ref`` then ``root/images/ref`` (an absolute
+    ``ref`` as itself), the first existing file inside the media root wins
+    (``seqpack.data.media_root``); URLs and data URIs are kept as given (loaded by the media stage)."""
+    if is_url(ref):
+        return ref
+    policy = ctx.media
+    root = policy.for_record(ctx.raw.base_dir)
+    p = Path(ref)
+    candidates = [p] if p.is_absolute() else [root / ref, root / "images" / ref]
+    outside = None
     for c in candidates:
-        if c.is_file():
+        if not c.is_file():
+            continue
+        if policy.allow_any or inside_root(c, root):
             return str(c)
+        outside = outside or c
+    if outside is not None:
+        raise ctx.err(
+            f"image {ref!r} resolves to {os.path.realpath(outside)}, outside the media root {root}; seqpack reads "
+            "images only inside the media root (a '../' path, an absolute path elsewhere or a symlink out).",
+            "media_outside_root",
+            MEDIA_FIX + "; on_error='skip' (--on-error skip) skips and reports the record.",
+        )
     raise ctx.err(
         f"image {ref!r} not found (looked at {', '.join(str(c) for c in candidates)}).",
         "missing_image",
-        "make image paths relative to the data file's folder (or its images/ folder) or absolute.",
+        f"make image paths relative to the media root {root} (or its images/ folder), or name the folder "
+        "holding the images with --media-dir DIR (media_dir=DIR).",
     )

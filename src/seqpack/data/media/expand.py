@@ -19,7 +19,8 @@ import numpy as np
 
 from seqpack.data.length_policy import OverlengthError, apply_overlength, trainable_mask
 from seqpack.data.media.images import load_image_processor
-from seqpack.data.media.placeholders import _record, expand_image_placeholders
+from seqpack.data.media.placeholders import _position, _record, expand_image_placeholders
+from seqpack.data.media_root import is_url, stored_image_path
 from seqpack.data.prepare import UNLIMITED, prepare
 from seqpack.sample import Sample
 from seqpack.accounting import PrepareReport, SampleRecord
@@ -33,12 +34,23 @@ class _InMemoryImageError(ValueError):
     """An image given as an object (PIL, bytes) where the offline dataset needs a path."""
 
 
+def _raise_media_error(e: ValueError) -> None:
+    """Raise the one error of a bad image sample under ``on_error="raise"``: ``e`` itself when its message
+    already names the fix (an in-memory image, an image too large), else ``e`` with the fix appended."""
+    if isinstance(e, _InMemoryImageError) or "Fix:" in str(e):
+        raise e
+    raise ValueError(
+        f"{e}. Fix: correct the image path or file in the record, or pass --on-error skip (on_error='skip') to "
+        "list such records in the report (report.jsonl) and pack the rest"
+    ) from e
+
+
 def _image_ref(ref: Any, where: str) -> str:
     if isinstance(ref, dict) and isinstance(ref.get("path"), str) and not ref.get("bytes"):
         ref = ref["path"]
     if isinstance(ref, (str, os.PathLike)):
         s = os.fspath(ref)
-        return s if s.startswith(("data:", "http://", "https://", "s3://", "gs://", "hf://")) else os.path.abspath(s)
+        return s if is_url(s) else os.path.abspath(s)
     raise _InMemoryImageError(
         f"{where}: image is an in-memory {type(ref).__name__}; the offline dataset stores image references "
         "(paths), not pixels. Fix: save the images to files and reference them by path, or pack in batch/"
@@ -56,6 +68,7 @@ def apply_length_policy(
     on_error: str,
     image_processor: Any = None,
     progress: Callable[[str, int, int | None], None] | None = None,
+    media_root: str | os.PathLike | None = None,
 ) -> tuple[list[Any], Any, dict[str, int]]:
     """Final length step of the offline path, after an unlimited-length ``prepare``.
 
@@ -65,8 +78,11 @@ def apply_length_policy(
     n x ``<|image_pad|>`` + ``<|vision_end|>`` with n = prod(image_grid_thw) // merge_size**2, then the
     policy acts on the expanded length (``truncate`` cuts before an image run, never inside;
     ``split`` drops, since an image sample cannot be split). The sample's ``media`` keeps only
-    references: ``images`` (absolute paths), ``image_grid_thw`` (int64 [k, 3]) and ``image_tokens``
-    (int64 [k]); pixels are dropped (recomputed at load time).
+    references: ``images`` (paths relative to ``media_root`` with POSIX separators,
+    ``seqpack.data.media_root.stored_image_path``; absolute when ``media_root`` is ``None`` or the file
+    lies outside it), ``image_grid_thw`` (int64 [k, 3]) and ``image_tokens`` (int64 [k]); pixels are
+    dropped (recomputed at load time). A bad image is skipped under ``on_error="skip"`` with its
+    ``ImageError.reason`` (``"bad_media"``, ``"image_too_large"``).
 
     Returns:
         ``(samples, report, stats)`` with ``stats = {"images", "image_tokens", "samples_with_images"}``;
@@ -95,7 +111,7 @@ def apply_length_policy(
             continue
         if proc is None:
             proc = load_image_processor(None)
-        where = f"sample {s.sample_id!r} (source {s.source}, index {s.index})"
+        where = f"sample {s.sample_id!r} (source {s.source}, {_position(s.source, s.index)})"
         try:
             refs = [_image_ref(r, where) for r in imgs]
             new, rec = expand_image_placeholders(
@@ -105,13 +121,9 @@ def apply_length_policy(
             raise ValueError(f"{e} (--overlength error)") from e
         except ValueError as e:
             if on_error == "raise":
-                if isinstance(e, _InMemoryImageError):
-                    raise
-                raise ValueError(
-                    f"{e}. Fix: correct the image path in the record, or pass --on-error skip "
-                    "(on_error='skip') to list such records in report.jsonl and pack the rest"
-                ) from e
-            report.entries.append(SampleRecord(s.sample_id, s.source, s.index, "skipped", "bad_media", str(e)))
+                _raise_media_error(e)
+            reason = getattr(e, "reason", "bad_media")
+            report.entries.append(SampleRecord(s.sample_id, s.source, s.index, "skipped", reason, str(e)))
             continue
         if rec is not None:
             report.entries.append(rec)
@@ -119,7 +131,8 @@ def apply_length_policy(
             media = dict(new.media or {})
             grid = np.asarray(media.get("image_grid_thw", np.zeros((0, 3))), dtype=np.int64).reshape(-1, 3)
             ntok = np.prod(grid, axis=1) // (int(proc.merge_size) ** 2)
-            new.media = {"images": list(media.get("images") or []), "image_grid_thw": grid, "image_tokens": ntok}
+            stored = [stored_image_path(x, media_root) for x in media.get("images") or []]
+            new.media = {"images": stored, "image_grid_thw": grid, "image_tokens": ntok}
             stats["images"] += int(grid.shape[0])
             stats["image_tokens"] += int(ntok.sum())
             stats["samples_with_images"] += 1
@@ -167,8 +180,8 @@ def expand_samples(
             raise
         except ValueError as e:
             if on_error == "raise":
-                raise
-            rep.entries.append(_record(s, "skipped", "bad_media", str(e)))
+                _raise_media_error(e)
+            rep.entries.append(_record(s, "skipped", getattr(e, "reason", "bad_media"), str(e)))
             continue
         if rec is not None:
             rep.entries.append(rec)

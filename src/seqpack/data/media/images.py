@@ -15,7 +15,23 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["collate_media", "load_image_processor", "num_image_tokens", "open_image", "process_images"]
+__all__ = ["ImageError", "collate_media", "load_image_processor", "num_image_tokens", "open_image", "process_images"]
+
+
+class ImageError(ValueError):
+    """An image that cannot be used: unreadable, truncated or corrupt (``reason`` ``"bad_media"``), or above
+    PIL's pixel limit ``PIL.Image.MAX_IMAGE_PIXELS`` (``"image_too_large"``, a decompression bomb guard).
+
+    Attributes:
+        reason: the report key of a record skipped for it (``seqpack.accounting.SampleRecord.reason``).
+    """
+
+    def __init__(self, message: str, reason: str = "bad_media") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.reason))
 
 
 def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)):
@@ -33,11 +49,15 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the content is not an image PIL can read (names the path and the format found).
+        ImageError: (a ``ValueError``) the content is not an image PIL can read, is truncated or corrupt
+            (``reason="bad_media"``, names the path and PIL's message), or has more pixels than
+            ``PIL.Image.MAX_IMAGE_PIXELS`` (``reason="image_too_large"``; PIL's warning level is refused
+            too, before any pixel is decoded: a tiny file can declare a huge canvas).
     """
     import io
+    import warnings
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     name = "<image object>"
     if isinstance(image, dict):
@@ -57,10 +77,23 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
                 raise FileNotFoundError(f"image file not found: {name}")
             fh = name
         try:
-            img = Image.open(fh)
-            img.load()
-        except (UnidentifiedImageError, OSError) as e:
-            raise ValueError(f"cannot read image {name}: {e}; the file is not an image format PIL supports") from e
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                img = Image.open(fh)
+                try:
+                    _check_pixels(img, name)
+                except ImageError:
+                    img.close()
+                    raise
+                img.load()
+        except ImageError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise _too_large(name, str(e)) from None
+        except Exception as e:  # noqa: BLE001 - PIL's decoders raise OSError, SyntaxError, EOFError, ValueError...
+            raise ImageError(f"cannot read image {name}: {type(e).__name__}: {e}; the file is not a complete image "
+                             "in a format PIL supports (truncated, corrupt or another kind of file)") from e
+    _check_pixels(img, name)
     if img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
@@ -71,6 +104,26 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
     if img.mode != "RGB":
         return img.convert("RGB")
     return img
+
+
+def _too_large(name: str, detail: str) -> ImageError:
+    from PIL import Image
+
+    return ImageError(
+        f"image {name} is too large to decode safely ({detail}); PIL's limit is Image.MAX_IMAGE_PIXELS = "
+        f"{Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb guard). Fix: resize the image, remove the record "
+        "(on_error='skip' / --on-error skip skips and reports it), or raise PIL.Image.MAX_IMAGE_PIXELS if you "
+        "trust the file", reason="image_too_large")
+
+
+def _check_pixels(img: Any, name: str) -> None:
+    """Refuse an image whose declared size exceeds ``PIL.Image.MAX_IMAGE_PIXELS`` (``None``: no limit)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    w, h = img.size
+    if limit is not None and w * h > limit:
+        raise _too_large(name, f"{w} x {h} = {w * h} pixels")
 
 
 def load_image_processor(config: Any = None):

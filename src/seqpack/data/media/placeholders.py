@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.data.length_policy import check_overlength, image_cut, trainable_mask
-from seqpack.data.media.images import load_image_processor, num_image_tokens, process_images
+from seqpack.data.media.images import ImageError, load_image_processor, num_image_tokens, process_images
 from seqpack.packed.mrope import mrope_position_ids
 from seqpack.data.records import IMAGE_PLACEHOLDER
 from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
@@ -163,6 +163,13 @@ def _record(sample: Sample, status: str, reason: str, detail: str, before=None, 
     return SampleRecord(sample.sample_id, sample.source, sample.index, status, reason, detail, before, after)
 
 
+def _position(source: Any, index: Any) -> str:
+    """``"line N"`` for a JSONL record (its index is line - 1, ``seqpack.data.sources``), else ``"index N"``."""
+    if isinstance(index, int) and str(source).lower().endswith((".jsonl", ".ndjson")):
+        return f"line {index + 1}"
+    return f"index {index}"
+
+
 def expand_image_placeholders(
     sample: Sample,
     tokenizer,
@@ -199,10 +206,11 @@ def expand_image_placeholders(
 
     Raises:
         ValueError: placeholder count != image count, unknown policy, over-length under
-            ``"error"``, unreadable image (each names the sample id, source and index).
+            ``"error"``; ``ImageError`` (a ``ValueError`` with ``reason``) for a missing, unreadable or
+            too large image (each names the sample id, source and index).
     """
     check_overlength(overlength)
-    where = f"sample {sample.sample_id!r} (source {sample.source}, index {sample.index})"
+    where = f"sample {sample.sample_id!r} (source {sample.source}, {_position(sample.source, sample.index)})"
     media = dict(sample.media or {})
     imgs = list(images if images is not None else media.get("images") or [])
     vt = VisionTokens.from_tokenizer(tokenizer)
@@ -223,7 +231,7 @@ def expand_image_placeholders(
     try:
         pixel_values, grid = process_images(imgs, proc)
     except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from e
+        raise ImageError(f"{where}: {e}", getattr(e, "reason", "bad_media")) from e
     n_tok = num_image_tokens(grid, proc.merge_size)
 
     labels = np.asarray(sample.labels, dtype=np.int64)
