@@ -233,26 +233,74 @@ def _json_default(o: Any) -> Any:
 SHARD_FILE = re.compile(rf"^{DATA_DIR}/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
 _HASH = r"^[0-9A-Za-z]{1,128}$"  # a content hash: letters and digits only (it names cache files)
 
+#: What the schema adds to the dataclass fields (names, types and defaults come from :class:`ShardInfo` /
+#: :class:`PackedMetadata` themselves, so a new field is checked without being listed twice).
+_SHARD_BOUNDS = {"num_rows": {"ge": 0}, "num_bytes": {"ge": 0}, "sha256": {"pattern": _HASH}}
+_METADATA_BOUNDS = {
+    **{k: {"ge": 1} for k in ("format_version", "seq_length", "pad_to_multiple_of", "context_parallel_size",
+                              "effective_pad_multiple")},
+    **{k: {"ge": 0} for k in ("pad_token_id", "num_packs", "lower_bound", "max_samples_per_bin",
+                              "dataset_max_seqlen", "min_packed_seqlen", "packing_factor")},
+    "packing_efficiency": {"ge": 0.0, "le": 1.0},
+    "fingerprint": {"pattern": _HASH},
+}
+
 _MODEL = None
+
+
+def _schema_type(tp: Any, shard_model: Any) -> Any:
+    """The strict pydantic type of a dataclass annotation (``int`` takes no ``bool`` / ``str``)."""
+    import types
+    import typing
+
+    from pydantic import StrictInt, StrictStr
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is int:
+        return StrictInt
+    if tp is str:
+        return StrictStr
+    if tp in (float, Any, type(None)):
+        return tp
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[tuple(_schema_type(a, shard_model) for a in args)]
+    if origin is list:
+        return list[shard_model] if args[0] is ShardInfo else list[_schema_type(args[0], shard_model)]
+    if origin is dict:
+        return dict[str, Any]
+    raise TypeError(f"metadata schema: no rule for the annotation {tp!r}")
+
+
+def _schema_fields(cls: type, bounds: dict[str, dict[str, Any]], shard_model: Any = None) -> dict[str, Any]:
+    """``create_model`` field definitions for every field of the dataclass ``cls``, with ``bounds`` added."""
+    import dataclasses
+    import typing
+
+    from pydantic import Field
+
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        out[f.name] = (_schema_type(hints[f.name], shard_model), Field(default, **bounds.get(f.name, {})))
+    return out
 
 
 def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
-    from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, \
-        model_validator
+    from pydantic import BaseModel, ConfigDict, StrictInt, create_model, field_validator, model_validator
 
-    NonNeg = Field(ge=0)
-
-    class Shard(BaseModel):
+    class _ShardChecks(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        file: StrictStr
-        num_rows: StrictInt = NonNeg
-        num_bytes: StrictInt = NonNeg
-        sha256: StrictStr | None = Field(default=None, pattern=_HASH)
 
-        @field_validator("file")
+        @field_validator("file", check_fields=False)
         @classmethod
         def _inside(cls, v: str) -> str:
             if not SHARD_FILE.match(v) or ".." in v.split("/"):
@@ -260,42 +308,10 @@ def _model():
                                  f"(expected like {DATA_DIR}/shard-00000.parquet)")
             return v
 
-    class Metadata(BaseModel):
+    class _MetadataChecks(BaseModel):
         model_config = ConfigDict(extra="allow")
-        format_version: StrictInt = Field(ge=1)
-        seq_length: StrictInt = Field(ge=1)
-        pad_to_multiple_of: StrictInt = Field(default=1, ge=1)
-        context_parallel_size: StrictInt = Field(default=1, ge=1)
-        effective_pad_multiple: StrictInt = Field(default=1, ge=1)
-        algorithm: StrictStr = ""
-        seed: StrictInt = 0
-        overlength: StrictStr = "truncate"
-        train_on: StrictStr = "assistant"
-        on_error: StrictStr = "raise"
-        format: StrictStr | None = None
-        tokenizer: StrictStr | None = None
-        tokenizer_hash: StrictStr | None = None
-        chat_template_hash: StrictStr | None = None
-        pad_token_id: StrictInt | None = Field(default=None, ge=0)
-        counts: dict[str, Any] = {}
-        num_packs: StrictInt = NonNeg
-        lower_bound: StrictInt = NonNeg
-        packing_efficiency: float = Field(default=0.0, ge=0.0, le=1.0)
-        packing_factor: float = Field(default=0.0, ge=0.0)
-        max_samples_per_bin: StrictInt = NonNeg
-        dataset_max_seqlen: StrictInt = NonNeg
-        min_packed_seqlen: StrictInt = NonNeg
-        fingerprint: StrictStr | None = Field(default=None, pattern=_HASH)
-        inputs: list[dict[str, Any]] = []
-        shards: list[Shard] = []
-        columns: list[StrictStr] = []
-        seqpack_version: StrictStr = ""
-        created_at: StrictStr = ""
-        media: dict[str, Any] | None = None
-        extra: dict[str, Any] = {}
-        capacity: StrictInt | None = None
 
-        @field_validator("media")
+        @field_validator("media", check_fields=False)
         @classmethod
         def _media_root(cls, v: dict | None) -> dict | None:
             for key in ("media_root", "media_root_relative"):
@@ -319,7 +335,9 @@ def _model():
                 raise ValueError("a shard file is listed twice")
             return self
 
-    _MODEL = Metadata
+    shard = create_model("Shard", __base__=_ShardChecks, **_schema_fields(ShardInfo, _SHARD_BOUNDS))
+    _MODEL = create_model("Metadata", __base__=_MetadataChecks, capacity=(StrictInt | None, None),
+                          **_schema_fields(PackedMetadata, _METADATA_BOUNDS, shard))
     return _MODEL
 
 
