@@ -67,6 +67,61 @@ def test_overwrite_replaces_a_clean_dataset_and_its_cache(tmp_path):
     assert _hidden(tmp_path) == []
 
 
+def test_inspect_plot_counts_as_seqpack_s_own_and_look_alike_files_do_not(tmp_path):
+    from seqpack import load_packed
+    from seqpack.io.summary import plot_report
+
+    out = tmp_path / "ds"
+    _pack(out)
+    plot_report(load_packed(out))  # what `seqpack inspect` writes into the dataset
+    assert (out / "report.png").is_file() and stranger_entries(out) == []
+    _pack(out, overwrite=True, seq_length=512)  # inspect, then re-pack: allowed
+    (out / "data" / "shard-00000.parquet.bak").write_bytes(b"x")
+    (out / "data" / "shard-mycheckpoint.parquet").write_bytes(b"x")
+    (out / ".cache").mkdir(exist_ok=True)
+    (out / ".cache" / "my_model.safetensors").write_bytes(b"x")
+    assert stranger_entries(out) == [".cache/my_model.safetensors", "data/shard-00000.parquet.bak",
+                                     "data/shard-mycheckpoint.parquet"]
+    with pytest.raises(FileExistsError, match="shard-00000.parquet.bak"):
+        _pack(out, overwrite=True)
+    assert (out / ".cache" / "my_model.safetensors").is_file()
+
+
+def test_a_linked_cache_folder_is_a_stranger(tmp_path):
+    out = tmp_path / "ds"
+    _pack(out)
+    (tmp_path / "elsewhere").mkdir()
+    (out / ".cache").symlink_to(tmp_path / "elsewhere")
+    assert stranger_entries(out) == [".cache (a link)"]
+
+
+def test_output_that_is_a_link_is_refused_naming_its_target(tmp_path):
+    real = tmp_path / "real"
+    _pack(real)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(FileExistsError, match=f"symbolic link.*--output {real}"):
+        _pack(link, overwrite=True)
+    assert link.is_symlink() and (real / "metadata.json").is_file()
+    assert _hidden(tmp_path) == []
+
+
+def test_an_output_name_too_long_for_the_temp_names_is_refused_before_reading(tmp_path):
+    with pytest.raises(OSError, match="choose an --output name of at most"):
+        check_output_dir(tmp_path / ("o" * 245), overwrite=False)
+    check_output_dir(tmp_path / ("o" * 200), overwrite=False)
+
+
+def test_a_leftover_that_is_a_link_is_unlinked_not_followed(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    dead = tmp_path / f".ds.tmp-{_dead_pid()}-deadbeef"
+    dead.symlink_to(target)
+    assert remove_leftovers(tmp_path / "ds") == [dead]
+    assert not dead.is_symlink() and (target / "keep").is_file()
+
+
 def test_an_input_inside_the_output_is_never_deleted(tmp_path):
     from seqpack.pipeline import sample_data_path
 

@@ -21,6 +21,7 @@ __all__ = [
     "FORMAT_VERSION",
     "METADATA_FILE",
     "REPORT_FILE",
+    "REPORT_PNG",
     "PackedMetadata",
     "ShardInfo",
     "PackedDatasetError",
@@ -31,6 +32,7 @@ __all__ = [
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 REPORT_FILE = "report.jsonl"
+REPORT_PNG = "report.png"  # written by ``seqpack inspect`` (seqpack.io.summary.plot_report)
 DATA_DIR = "data"
 
 
@@ -295,7 +297,14 @@ def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
-    from pydantic import BaseModel, ConfigDict, StrictInt, create_model, field_validator, model_validator
+    from pydantic import (
+        BaseModel,
+        ConfigDict,
+        StrictInt,
+        create_model,
+        field_validator,
+        model_validator,
+    )
 
     class _ShardChecks(BaseModel):
         model_config = ConfigDict(extra="forbid")

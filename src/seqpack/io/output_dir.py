@@ -24,13 +24,20 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
 import uuid
 from pathlib import Path
 
-from seqpack.io.metadata import DATA_DIR, METADATA_FILE, REPORT_FILE, PackedDatasetError
+from seqpack.io.metadata import (
+    DATA_DIR,
+    METADATA_FILE,
+    REPORT_FILE,
+    REPORT_PNG,
+    PackedDatasetError,
+)
 
 __all__ = [
     "LEFTOVER_KINDS",
@@ -47,8 +54,15 @@ __all__ = [
     "temp_name",
 ]
 
-#: What seqpack writes at the top of a dataset folder (``.cache``: the reader's Arrow cache).
-SEQPACK_ENTRIES = (METADATA_FILE, REPORT_FILE, DATA_DIR, ".cache")
+#: What seqpack writes at the top of a dataset folder (``report.png``: ``seqpack inspect``'s plot;
+#: ``.cache``: the reader's Arrow cache).
+SEQPACK_ENTRIES = (METADATA_FILE, REPORT_FILE, REPORT_PNG, DATA_DIR, ".cache")
+
+#: A shard as the writer names it (``data/shard-00000.parquet``).
+_OWN_SHARD = re.compile(r"shard-\d{5,}\.parquet")
+#: A file of the reader's Arrow cache: ``<shard stem>-<key>.arrow`` (+ the reader's ``.json`` side files),
+#: or one being written (``.tmp-<pid>-<id>``).
+_OWN_CACHE_FILE = re.compile(r"shard-\d{5,}-[0-9A-Za-z]+\.(arrow|json)(\.tmp-\d+-[0-9a-f]+)?")
 
 #: Hidden sibling folders a run creates beside the output: ``.NAME.<kind>-<pid>-<id>``.
 LEFTOVER_KINDS = ("tmp", "spill", "old")
@@ -89,28 +103,39 @@ def temp_name(output: str | os.PathLike, kind: str) -> Path:
 def stranger_entries(output: str | os.PathLike) -> list[str]:
     """Paths (relative to ``output``) inside a dataset folder that seqpack did not write.
 
-    seqpack writes :data:`SEQPACK_ENTRIES` at the top and ``shard-*.parquet`` files (and their
-    ``.tmp`` forms) in ``data/``; anything else (a user's notes, a checkpoint, an input file) is a stranger.
+    seqpack writes :data:`SEQPACK_ENTRIES` at the top (plain files and folders, never links),
+    ``shard-NNNNN.parquet`` files in ``data/`` and ``shard-NNNNN-<key>.arrow`` files in ``.cache/``;
+    anything else (a user's notes, a checkpoint, an input file, ``data/shard-00000.parquet.bak``) is a
+    stranger.
     """
     out = Path(output)
     found = []
     for p in sorted(out.iterdir()):
-        if p.name not in SEQPACK_ENTRIES:
-            found.append(p.name + ("/" if p.is_dir() else ""))
-        elif p.name == DATA_DIR:
+        kind = "/" if p.is_dir() and not p.is_symlink() else ""
+        if p.name not in SEQPACK_ENTRIES or p.is_symlink():
+            found.append(p.name + kind + (" (a link)" if p.is_symlink() else ""))
+        elif p.name in (DATA_DIR, ".cache"):
             if not p.is_dir():
                 found.append(p.name)
                 continue
+            own = _OWN_SHARD if p.name == DATA_DIR else _OWN_CACHE_FILE
             for q in sorted(p.iterdir()):
-                if not (q.is_file() and q.name.startswith("shard-") and ".parquet" in q.name):
-                    found.append(f"{DATA_DIR}/{q.name}" + ("/" if q.is_dir() else ""))
-        elif p.name in (METADATA_FILE, REPORT_FILE) and not p.is_file():
+                if q.is_symlink() or not q.is_file() or not own.fullmatch(q.name):
+                    found.append(f"{p.name}/{q.name}" + ("/" if q.is_dir() and not q.is_symlink() else ""))
+        elif not p.is_file():
             found.append(p.name + "/")
     return found
 
 
 def check_location(out: Path) -> None:
-    """The parent chain of ``out`` must lead to a directory this process can create entries in."""
+    """The parent chain of ``out`` must lead to a directory this process can create entries in; ``out``
+    must not be a symbolic link and its name must leave room for the hidden sibling names
+    (:func:`temp_name`) within the file system's name limit."""
+    if out.is_symlink():
+        raise FileExistsError(
+            f"output {out} is a symbolic link (to {os.readlink(out)}); seqpack publishes a dataset by renaming a "
+            f"finished folder onto the output path, which would replace the link itself. Pass the link's target "
+            f"as the output: --output {os.path.realpath(out)}")
     parent = out.absolute().parent
     probe = parent
     while not probe.exists():
@@ -125,6 +150,18 @@ def check_location(out: Path) -> None:
         raise PermissionError(
             f"cannot write the output {out}: no permission to create files in {probe}; choose an --output in a "
             "folder you can write to")
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = len(temp_name(out, "spill").name) + 7  # room for a 7-digit larger pid
+    if longest > name_max:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"cannot write the output {out}: its name is {len(out.name)} characters, and the hidden folders seqpack "
+            f"writes beside it (.NAME.spill-PID-ID) need {longest - len(out.name)} more, over this file system's "
+            f"limit of {name_max}; choose an --output name of at most {name_max - (longest - len(out.name))} "
+            "characters")
     if out.exists() and out.is_dir() and os.path.ismount(out):
         raise FileExistsError(
             f"output {out} is a mount point; seqpack publishes a dataset by renaming a finished folder onto the "
@@ -204,10 +241,10 @@ def remove_leftovers(output: str | os.PathLike) -> list[Path]:
                 continue
             if pid == os.getpid() or _pid_alive(pid):
                 continue
-            if kind == "old" and not out.exists() and (p / METADATA_FILE).is_file():
+            if kind == "old" and not out.exists() and not p.is_symlink() and (p / METADATA_FILE).is_file():
                 os.rename(p, out)
             else:
-                shutil.rmtree(p, ignore_errors=True)
+                _remove(p)
             handled.append(p)
     return handled
 
@@ -249,7 +286,7 @@ def replace_dir(tmp: Path, output: Path) -> None:
     if not output.exists():
         os.rename(tmp, output)
     elif _exchange(tmp, output):
-        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old folder
+        _remove(tmp)  # tmp now holds the old folder
     else:
         old = temp_name(output, "old")
         os.rename(output, old)
@@ -258,8 +295,16 @@ def replace_dir(tmp: Path, output: Path) -> None:
         except BaseException:
             os.rename(old, output)
             raise
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     fsync_dir(output.parent)
+
+
+def _remove(p: Path) -> None:
+    """Delete a leftover: a link or a file is unlinked (never followed), a folder removed with its tree."""
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def private_cache_root() -> Path:

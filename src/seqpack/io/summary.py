@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.io.metadata import REPORT_PNG
 from seqpack.io.reader import PackedDataset, load_packed
 
 __all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
 
-REPORT_PNG = "report.png"
 
 
 def _fmt_reasons(d: Any) -> str:
