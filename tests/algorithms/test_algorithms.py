@@ -577,19 +577,20 @@ def test_default_large_input_exact_fill_beats_bfd_on_narrow_lognormal():
 
 
 @settings(deadline=None, max_examples=200)
-@given(inst=grouped_instances(), tries=st.integers(0, 70))
-def test_grouped_exact_fill_packs_each_index_once_within_capacity(inst, tries):
+@given(inst=grouped_instances(), tries=st.integers(0, 70), frac=st.floats(0.0, 1.0))
+def test_grouped_exact_fill_packs_each_index_once_within_capacity(inst, tries, frac):
     from seqpack.algorithms import _kernels as K
 
     x, cap = inst
+    target = max(1, round(frac * cap))  # any closing target keeps the plan exact
     cnt, start = K.size_groups(x, cap)
-    slot, nb, loads = K.grouped_exact_fill(cnt, start, cap, x.size, tries)
+    slot, nb, loads = K.grouped_exact_fill(cnt, start, cap, x.size, tries, target)
     bin_of = K.slots_to_bins(x, start, slot)
     assert bin_of.min() >= 0 and np.array_equal(np.unique(bin_of), np.arange(nb))  # none empty
     real = K.loads_of(x, bin_of, nb)
     assert np.array_equal(real, loads) and real.max() <= cap
     assert nb >= lower_bound_l2(x, cap)
-    again = K.grouped_exact_fill(cnt, start, cap, x.size, tries)
+    again = K.grouped_exact_fill(cnt, start, cap, x.size, tries, target)
     assert again[1] == nb and np.array_equal(again[0], slot)  # deterministic
 
 
@@ -608,7 +609,7 @@ def test_slots_to_csr_equals_csr_of_bins(inst):
 
     x, cap = inst
     cnt, start = K.size_groups(x, cap)
-    for slot, nb in (K.grouped_best_fit(cnt, start, cap, x.size)[:2], K.grouped_exact_fill(cnt, start, cap, x.size, 8)[:2]):
+    for slot, nb in (K.grouped_best_fit(cnt, start, cap, x.size)[:2], K.grouped_exact_fill(cnt, start, cap, x.size, 8, cap)[:2]):
         off, items = K.slots_to_csr(x, start, slot, nb)
         ref_off, ref_items = K.csr_by_bin(K.slots_to_bins(x, start, slot), nb)
         assert np.array_equal(off, ref_off) and np.array_equal(items, ref_items)

@@ -896,14 +896,17 @@ def _fillable(w, left, smin, vmax, v, j):
 
 
 @njit(cache=True)
-def grouped_exact_fill(cnt, start, cap, n, tries):
+def grouped_exact_fill(cnt, start, cap, n, tries, target):
     """Greedy knapsack with look-ahead on a size histogram: one pack at a time, the largest
     remaining item first, then repeatedly the largest that fits, taking as many copies at once as
     fit; a step that would leave a rest room no remaining sizes can close (``_fillable``) takes one
     copy fewer, or, when even one copy does, the largest of the next ``tries`` smaller sizes that
     leaves a closable rest (an exact pair first in size order). Aims at packs filled exactly to
     ``cap``; on SFT length mixes it reaches fewer packs than BFD (BFD's gaps are the rest rooms
-    below the smallest sizes left at the end).
+    below the smallest sizes left at the end). A pack that will close with a gap anyway (no item
+    fits after the step) and would end above ``target`` (e.g. the mean load at the L2 bound;
+    ``cap`` = off) closes with the largest sizes that keep it <= ``target`` instead, which pairs
+    long with short items where no exact fill exists (equal loads, same pack count there).
 
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
     O(tries * log64 cap) at worst. Returns (slot int64[n], nb, loads int64[nb]) in the
@@ -970,6 +973,16 @@ def grouped_exact_fill(cnt, start, cap, n, tries):
                         tr += 1
                 if not ok:
                     j = j0
+            if not first and load + j * v > target and r - j * v < smin:
+                # the pack closes with a gap anyway: close it nearer the target load instead
+                lim = target - load
+                if lim >= smin:
+                    u = _bs_find_ge(bits, lo, cap - lim)
+                    if u >= 0 and u < cap and cap - u >= smin:
+                        v = cap - u
+                        j = lim // v
+                        if j > left[v]:
+                            j = left[v]
             first = False
             p = start[v] + used[v]
             for q in range(j):

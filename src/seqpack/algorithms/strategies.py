@@ -197,12 +197,13 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
 def _balanced_large(sizes, cap, cnt, start, detail):
     """``_pack_balanced_best_fit`` above PORTFOLIO_ALWAYS_ITEMS items (steps in its docstring)."""
     n = sizes.size
-    slot, nb, loads = K.grouped_exact_fill(cnt, start, cap, n, EXACT_FILL_TRIES)
+    total = int(sizes.sum())
+    l2 = lower_bound_l2_counts(cnt, cap)
+    target = min(cap, -(-total // l2))  # the mean load at L2 packs
+    slot, nb, loads = K.grouped_exact_fill(cnt, start, cap, n, EXACT_FILL_TRIES, target)
     winner = "fill"
-    l2 = None
     bin_of = None
-    if nb > -(-int(sizes.sum()) // cap):
-        l2 = lower_bound_l2_counts(cnt, cap)
+    if nb > -(-total // cap):
         if nb > l2:
             slot2, nb2, room2 = K.grouped_best_fit(cnt, start, cap, n)
             if nb2 < nb:

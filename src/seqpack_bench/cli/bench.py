@@ -17,6 +17,7 @@ import typer
 
 from seqpack.cli.app import fail as _fail
 from seqpack_bench import algorithms as _algorithms
+from seqpack_bench.algorithms_mixes import MIX_NAMES
 from seqpack_bench import prepare as _prepare
 from seqpack_bench import stream as _stream
 from seqpack_bench.paths import shared_data_dir
@@ -112,9 +113,22 @@ def algorithms(
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
                                   "(created if missing; not empty)."),
+    mixes: str = typer.Option("all", "--mixes",
+                              help="Planner mixes judged after the tables, comma separated, 'all' or 'none': "
+                                   + ", ".join(MIX_NAMES) + "."),
+    mix_n: int = typer.Option(1_000_000, "--mix-n", min=1, help="Lengths per planner mix (--quick: 20,000)."),
+    mix_big_n: int = typer.Option(10_000_000, "--mix-big-n", min=0,
+                                  help="Second, larger size per mix for the linearity and ns-per-item verdicts "
+                                       "(0 = skip; --quick: 0)."),
 ) -> None:
     """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack_bench.algorithms.run_algorithms`."""
     ns = list(_algorithms.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    names = {"all": MIX_NAMES, "none": ()}.get(mixes.strip().lower())
+    if names is None:
+        names = tuple(m.strip() for m in mixes.split(",") if m.strip())
+        bad = [m for m in names if m not in MIX_NAMES]
+        if bad:
+            _fail(f"--mixes: unknown mix {bad[0]!r}; choose from: {', '.join(MIX_NAMES)}, or 'all' / 'none'")
     for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n),
                      ("--max-seqpacker-hk-n", max_seqpacker_hk_n)):
         if val < 0:
@@ -122,7 +136,8 @@ def algorithms(
     out_dir = _out_dir(out)
     _algorithms.run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
                    max_reference_n=max_reference_n, max_bridge_n=max_bridge_n,
-                   max_seqpacker_hk_n=max_seqpacker_hk_n, trl=not no_trl, quick=quick)
+                   max_seqpacker_hk_n=max_seqpacker_hk_n, trl=not no_trl, quick=quick, mixes=names,
+                   mix_n=20_000 if quick else mix_n, mix_big_n=0 if quick else mix_big_n)
     print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
           f"{out_dir / 'algorithms_bins.png'}")
 
