@@ -41,7 +41,7 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 from seqpack_bench import references as ref
-from seqpack_bench.algorithms_mixes import MIX_NAMES, run_mixes
+from seqpack_bench.algorithms_mixes import run_mixes
 from seqpack_bench.timing import Timing, bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
@@ -145,7 +145,7 @@ def run_algorithms(
     trl: bool = True,
     seed: int = 0,
     quick: bool = False,
-    mixes: Sequence[str] = MIX_NAMES,
+    mixes: Sequence[str] = (),
     mix_n: int = 1_000_000,
     mix_big_n: int = 10_000_000,
     log: Callable[[str], None] = print,
@@ -173,7 +173,8 @@ def run_algorithms(
             sizes do not judge the goals), followed by :data:`QUICK_NOTE`.
         mixes: names of the planner mixes (:data:`seqpack_bench.algorithms_mixes.MIX_NAMES`) judged after the
             tables above, by :func:`seqpack_bench.algorithms_mixes.run_mixes` (seqpack default vs every
-            seqpacker strategy but ``hk``, round-robin); empty = none.
+            seqpacker strategy but ``hk``, round-robin); empty (default here) = none; ``seqpack bench
+            algorithms`` passes all of them.
         mix_n, mix_big_n: lengths per mix, and the second, larger size of the linearity and ns-per-item
             verdicts (0 = skip it).
         log: one-line progress messages.
