@@ -41,6 +41,7 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 from seqpack_bench import references as ref
+from seqpack_bench.algorithms_mixes import run_mixes
 from seqpack_bench.timing import Timing, bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
@@ -144,6 +145,9 @@ def run_algorithms(
     trl: bool = True,
     seed: int = 0,
     quick: bool = False,
+    mixes: Sequence[str] = (),
+    mix_n: int = 1_000_000,
+    mix_big_n: int = 10_000_000,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the comparison and write ``algorithms.json`` + ``algorithms_time.png`` + ``algorithms_bins.png``.
@@ -167,6 +171,12 @@ def run_algorithms(
         seed: seed of the length generator.
         quick: a ``--quick`` run: each verdict is printed and stored as "quick: informational" (small
             sizes do not judge the goals), followed by :data:`QUICK_NOTE`.
+        mixes: names of the planner mixes (:data:`seqpack_bench.algorithms_mixes.MIX_NAMES`) judged after the
+            tables above, by :func:`seqpack_bench.algorithms_mixes.run_mixes` (seqpack default vs every
+            seqpacker strategy but ``hk``, round-robin); empty (default here) = none; ``seqpack bench
+            algorithms`` passes all of them.
+        mix_n, mix_big_n: lengths per mix, and the second, larger size of the linearity and ns-per-item
+            verdicts (0 = skip it).
         log: one-line progress messages.
 
     Returns:
@@ -320,6 +330,14 @@ def run_algorithms(
         sp_rows = [r for name, r in by_prog.items() if name.startswith("seqpacker ")]
         if sp_rows:
             goals.extend(_seqpacker_goals(n, base, sp_rows, informational))
+    mix_rows: list[dict[str, Any]] = []
+    if mixes:
+        log(f"planner mixes: {len(mixes)} mixes, n={mix_n:,}" + (f" and {mix_big_n:,}" if mix_big_n else ""))
+        out = run_mixes(mix_n, mix_big_n, repeats=repeats, names=tuple(mixes), seed=seed,
+                        informational=informational, log=log)
+        goals.extend(out["goals"])
+        skipped.extend(out["skipped"])
+        mix_rows = out["rows"]
     if quick and goals:
         print(QUICK_NOTE)
     for skip in skipped:
@@ -328,7 +346,7 @@ def run_algorithms(
         print(f"refused: {bad['program']}, n={bad['n']:,}: {bad['reason']}")
     payload = {"benchmark": "algorithms", "capacity": capacity, "sizes": list(sizes), "repeats": repeats,
                "quick": quick, "distribution": "lognormal median 250 sigma 1 clipped to [1, capacity]",
-               "results": results, "skipped": skipped, "refused": refused, "goals": goals}
+               "results": results, "skipped": skipped, "refused": refused, "goals": goals, "mixes": mix_rows}
     write_json(out_dir / "algorithms.json", payload)
     labels = [f"{display_name(r)}, n={r['n']:,}" for r in results]
     colors = ["#dd8452" if r["breaks_samples"] else None for r in results]  # orange: not a packing result

@@ -44,7 +44,7 @@ def test_bench_algorithms_tiny(tmp_path):
 def test_cli_bench_algorithms_and_bad_sizes(tmp_path):
     app = _cli()
     r = CliRunner().invoke(app, ["bench", "algorithms", "--sizes", "2000", "--repeats", "1", "--no-trl",
-                                 "--out", str(tmp_path)])
+                                 "--mixes", "none", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "seqpack balanced_best_fit" in r.output and (tmp_path / "algorithms.json").is_file()
     bad = CliRunner().invoke(app, ["bench", "algorithms", "--sizes", "ten", "--out", str(tmp_path)])
@@ -87,7 +87,8 @@ def test_algorithms_marks_trl_wrapped_as_cutting_samples_in_table_and_png(tmp_pa
 
 def test_cli_bench_algorithms_prints_skipped_baselines_after_the_tables(tmp_path):
     r = CliRunner().invoke(_cli(), ["bench", "algorithms", "--sizes", "1500", "--repeats", "1", "--no-trl",
-                                    "--max-bridge-n", "0", "--max-reference-n", "0", "--out", str(tmp_path)])
+                                    "--max-bridge-n", "0", "--max-reference-n", "0", "--mixes", "none",
+                                    "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     data = json.loads((tmp_path / "algorithms.json").read_text())
     skip_lines = [ln for ln in r.output.splitlines() if ln.startswith("skipped: ")]
@@ -233,3 +234,32 @@ def test_check_flat_bins_accepts_a_packing_and_names_the_fault():
                                   ([3, 2, 0, 1, 4], [1], "pack 1 holds 15 tokens > capacity 10")):
         with pytest.raises(ref.PeerResultError, match="^peer X: result refused: " + re.escape(fault)):
             ref.check_flat_bins(items, offsets, x, 10, program="peer X")
+
+
+def test_planner_mixes_rows_and_seven_verdicts_per_mix(capsys):
+    import numpy as np
+
+    from seqpack_bench.algorithms_mixes import MIX_NAMES, mix, run_mixes
+
+    x, cap = mix("lognormal 0.5@4096", 5000)
+    assert cap == 4096 and x.min() >= 8 and x.max() <= 4096 and np.array_equal(x, mix("lognormal 0.5@4096", 5000)[0])
+    assert [mix(m, 300)[0].size for m in MIX_NAMES] == [300] * len(MIX_NAMES)
+    names = ("halves_thirds", "ffd_11_9")
+    out = run_mixes(3000, 6000, repeats=1, names=names, log=lambda _m: None)
+    assert {r["mix"] for r in out["rows"]} == set(names)
+    base = [r for r in out["rows"] if r["program"] == "seqpack default"]
+    assert [r["n"] for r in base] == [3000, 6000, 3000, 6000]
+    for r in base:
+        assert r["bins"] > 0 and r["load_spread"] >= 0 and r["ns_per_item"] > 0
+    assert len(out["goals"]) == 7 * len(names)
+    assert any(g["goal"] == "ffd_11_9: packs <= L2 + 0.05 %" and g["pass"] for g in out["goals"])
+    printed = capsys.readouterr().out
+    assert "halves_thirds: linear in n" in printed and ("PASS" in printed or "MISS" in printed)
+    with pytest.raises(ValueError, match="unknown mix 'nope'"):
+        run_mixes(10, 0, names=("nope",))
+
+
+def test_cli_bench_algorithms_refuses_unknown_mix(tmp_path):
+    res = CliRunner().invoke(_cli(), ["bench", "algorithms", "--mixes", "lognormal 0.5@4096,bogus",
+                                      "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "unknown mix 'bogus'" in _one_line_error(res)

@@ -17,7 +17,7 @@ def test_bench_compare_wrapper_runs_quick(tmp_path):
     from seqpack_bench._child import child_env, module_command
 
     cmd = module_command("seqpack_bench.bench_compare", "bench", "algorithms", "--sizes", "1000", "--repeats", "1",
-                         "--no-trl", "--out", str(tmp_path))
+                         "--no-trl", "--mixes", "none", "--out", str(tmp_path))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads((tmp_path / "algorithms.json").read_text())["sizes"] == [1000]

@@ -881,6 +881,123 @@ def grouped_best_fit(cnt, start, cap, n):
 
 
 @njit(cache=True)
+def _fillable(w, left, smin, vmax, v, j):
+    """Whether a pack's rest room ``w`` can still be closed exactly, judged from the histogram
+    ``left`` after taking ``j`` items of size ``v``: ``w == 0``; an item of size ``w`` is left; or
+    ``w >= 2 * smin`` and ``k = ceil(w / vmax)`` items of sizes in [smin, vmax] can sum to ``w``
+    (``k * smin <= w``; exact for a dense histogram, a heuristic otherwise)."""
+    if w == 0:
+        return True
+    if left[w] - (j if w == v else 0) > 0:
+        return True
+    if w < 2 * smin:
+        return False
+    return ((w + vmax - 1) // vmax) * smin <= w
+
+
+@njit(cache=True)
+def grouped_exact_fill(cnt, start, cap, n, tries, target):
+    """Greedy knapsack with look-ahead on a size histogram: one pack at a time, the largest
+    remaining item first, then repeatedly the largest that fits, taking as many copies at once as
+    fit; a step that would leave a rest room no remaining sizes can close (``_fillable``) takes one
+    copy fewer, or, when even one copy does, the largest of the next ``tries`` smaller sizes that
+    leaves a closable rest (an exact pair first in size order). Aims at packs filled exactly to
+    ``cap``; on SFT length mixes it reaches fewer packs than BFD (BFD's gaps are the rest rooms
+    below the smallest sizes left at the end). A pack that will close with a gap anyway (no item
+    fits after the step) and would end above ``target`` (e.g. the mean load at the L2 bound;
+    ``cap`` = off) closes with the largest sizes that keep it <= ``target`` instead, which pairs
+    long with short items where no exact fill exists (equal loads, same pack count there).
+
+    ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
+    O(tries * log64 cap) at worst. Returns (slot int64[n], nb, loads int64[nb]) in the
+    :func:`grouped_best_fit` layout (``slot[start[s] + t]`` = pack of the t-th item of size s)."""
+    left = cnt.copy()
+    used = np.zeros(cap + 1, np.int64)
+    bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
+    for v in range(1, cap + 1):
+        if left[v] > 0:
+            _bs_set(bits, lo, cap - v)
+    slot = np.empty(n, np.int64)
+    loads = np.empty(n, np.int64)
+    nb = 0
+    placed = 0
+    smin = 1
+    while placed < n:
+        while smin < cap and left[smin] == 0:
+            smin += 1
+        b = nb
+        nb += 1
+        load = 0
+        first = True
+        vmax = cap - _bs_find_ge(bits, lo, 0)
+        while placed < n:
+            r = cap - load
+            if first:
+                v = vmax
+            else:
+                if r < smin:
+                    break
+                u = _bs_find_ge(bits, lo, cap - r)
+                if u < 0 or u >= cap:
+                    break
+                v = cap - u
+            j = r // v
+            if j > left[v]:
+                j = left[v]
+            if not _fillable(r - j * v, left, smin, vmax, v, j):
+                j0 = j
+                ok = False
+                while j > 1:
+                    j -= 1
+                    if _fillable(r - j * v, left, smin, vmax, v, j):
+                        ok = True
+                        break
+                if not ok and not first:
+                    cand = v - 1
+                    if cand > r - smin:
+                        cand = r - smin
+                    tr = 0
+                    while cand >= smin and tr < tries:
+                        uu = _bs_find_ge(bits, lo, cap - cand)
+                        if uu < 0 or uu >= cap:
+                            break
+                        v2 = cap - uu
+                        if v2 < smin:
+                            break
+                        if _fillable(r - v2, left, smin, vmax, v2, 1):
+                            v = v2
+                            j = 1
+                            ok = True
+                            break
+                        cand = v2 - 1
+                        tr += 1
+                if not ok:
+                    j = j0
+            if not first and load + j * v > target and r - j * v < smin:
+                # the pack closes with a gap anyway: close it nearer the target load instead
+                lim = target - load
+                if lim >= smin:
+                    u = _bs_find_ge(bits, lo, cap - lim)
+                    if u >= 0 and u < cap and cap - u >= smin:
+                        v = cap - u
+                        j = lim // v
+                        if j > left[v]:
+                            j = left[v]
+            first = False
+            p = start[v] + used[v]
+            for q in range(j):
+                slot[p + q] = b
+            used[v] += j
+            left[v] -= j
+            if left[v] == 0:
+                _bs_clear(bits, lo, cap - v)
+            load += j * v
+            placed += j
+        loads[b] = load
+    return slot, nb, loads[:nb].copy()
+
+
+@njit(cache=True)
 def slots_to_bins(sizes, start, slot):
     """bin_of int64[n] from size-grouped slots: the t-th item (ascending index) of size ``s`` goes
     to ``slot[start[s] + t]``. O(n)."""
@@ -895,6 +1012,52 @@ def slots_to_bins(sizes, start, slot):
 
 
 @njit(cache=True)
+def slots_to_csr(sizes, start, slot, nb):
+    """(offsets int64[nb+1], items int64[n]) straight from size-grouped slots: the items of pack b
+    are ``items[offsets[b]:offsets[b+1]]`` in ascending index (the t-th item of size s is in
+    pack ``slot[start[s] + t]``). Equals ``csr_by_bin(slots_to_bins(...), nb)``.
+
+    O(n) in two stable passes: items are first partitioned by ``pack >> shift`` into <= 256 pack
+    ranges (256 sequential write streams), then each range is scattered into its own few
+    kilobytes of ``items``; a direct scatter over ``nb`` packs misses the cache on every item
+    once the packs outgrow it."""
+    n = sizes.shape[0]
+    shift = 0
+    while ((nb - 1) >> shift) >= 256:
+        shift += 1
+    nbk = ((nb - 1) >> shift) + 1 if nb > 0 else 0
+    bstart = np.zeros(nbk + 1, np.int64)
+    for p in range(n):
+        bstart[(slot[p] >> shift) + 1] += 1
+    for k in range(nbk):
+        bstart[k + 1] += bstart[k]
+    bpos = bstart[:-1].copy()
+    tmp = np.empty(2 * n, np.int64)  # (item, pack) pairs, grouped by pack range
+    ptr = start.copy()
+    for i in range(n):
+        s = sizes[i]
+        b = slot[ptr[s]]
+        ptr[s] += 1
+        k = b >> shift
+        q = bpos[k]
+        tmp[2 * q] = i
+        tmp[2 * q + 1] = b
+        bpos[k] = q + 1
+    off = np.zeros(nb + 1, np.int64)
+    for q in range(n):
+        off[tmp[2 * q + 1] + 1] += 1
+    for b in range(nb):
+        off[b + 1] += off[b]
+    pos = off[:-1].copy()
+    items = np.empty(n, np.int64)
+    for q in range(n):
+        b = tmp[2 * q + 1]
+        items[pos[b]] = tmp[2 * q]
+        pos[b] += 1
+    return off, items
+
+
+@njit(cache=True)
 def level_slots(cnt, start, slot, loads, cap, tol):
     """``level`` on size-grouped slots (see ``grouped_best_fit``): raise packs below the floor
     F = min(max_load - tol, floor(mean load)) by moving short items out of packs that stay >= F
@@ -904,8 +1067,7 @@ def level_slots(cnt, start, slot, loads, cap, tol):
     ``slot`` and ``loads`` (int64[nb]) in place; returns moves + swaps.
 
     Every candidate slot is examined once per phase (pointers per size only advance, donor loads
-    only fall): O(n + cap + moves * log cap), plus at most 64 x 64 look-ups per receiver item
-    and pass in the swap phase."""
+    only fall): O(n + cap + moves * log cap); the swap phase stops after 8 n + cap slot look-ups."""
     nb = loads.shape[0]
     if nb <= 1:
         return 0
@@ -1012,10 +1174,11 @@ def level_slots(cnt, start, slot, loads, cap, tol):
         if cnt[v] > 0:
             _vt_set(tree2, P2, v, 1)
     swaps = 0
+    budget = 8 * n + cap  # probes of the swap phase: keeps it linear where few swaps exist
     for r in range(left):
         u = ru[r]
         progress = True
-        while loads[u] < F and progress:
+        while loads[u] < F and progress and budget > 0:
             progress = False
             for k in range(roff[r], roff[r + 1]):
                 sa = rsz[k]
@@ -1027,7 +1190,7 @@ def level_slots(cnt, start, slot, loads, cap, tol):
                 v = _find_le(tree2, P2, sa + room)
                 found = -1
                 tries = 0
-                while v > sa and tries < 64:
+                while v > sa and tries < 64 and budget > 0:
                     tries += 1
                     end = start[v] + cnt[v]
                     p = q[v]
@@ -1041,6 +1204,7 @@ def level_slots(cnt, start, slot, loads, cap, tol):
                         lim = p + 64
                         if lim > end:
                             lim = end
+                        budget -= lim - p + 1
                         while p < lim:
                             d = slot[p]
                             if isrecv[d] == 0 and loads[d] - delta >= F:

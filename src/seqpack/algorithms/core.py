@@ -94,7 +94,7 @@ _IMPL = {
     PackingAlgorithm.greedy_knapsack: S._pack_greedy_knapsack,
     PackingAlgorithm.balanced_greedy_knapsack: S._pack_balanced_greedy_knapsack,
     PackingAlgorithm.randomized_best_fit: S._pack_randomized_best_fit,
-    PackingAlgorithm.balanced_best_fit: S._pack_balanced_best_fit,
+    PackingAlgorithm.balanced_best_fit: lambda sizes, cap, seed: S._pack_balanced_best_fit(sizes, cap, seed)[:2],
 }
 
 
@@ -191,13 +191,21 @@ def pack_lengths(
     units = np.ascontiguousarray(units, dtype=np.int64)
     cap = capacity // multiple
     detail: dict = {}
+    csr = None
     if algo is PackingAlgorithm.balanced_best_fit:
-        bin_of, nb = S._pack_balanced_best_fit(units, cap, seed, detail)
+        bin_of, nb, csr = S._pack_balanced_best_fit(units, cap, seed, detail)
     else:
         bin_of, nb = _IMPL[algo](units, cap, seed)
     nb = int(nb)
-    off, items, loads = K.csr_and_loads(bin_of, nb, padded)
+    if csr is not None:  # packs as CSR already (loads in units)
+        off, items, loads = csr
+        loads = loads * multiple if multiple > 1 else loads
+    else:
+        off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if nb and np.any(off[1:] == off[:-1]):  # drop packs a kernel left empty (none should)
+        if bin_of is None:
+            bin_of = np.empty(items.size, np.int64)
+            bin_of[items] = np.repeat(np.arange(nb, dtype=np.int64), np.diff(off))
         keep = np.flatnonzero(off[1:] > off[:-1])
         bin_of = np.searchsorted(keep, bin_of).astype(np.int64)
         nb = int(keep.size)

@@ -13,7 +13,8 @@ import numpy as np
 if TYPE_CHECKING:
     from seqpack.algorithms.core import PackingAlgorithm
 
-__all__ = ["MAX_CAPACITY_UNITS", "PackingPlan", "lower_bound_l1", "lower_bound_l2", "check_plan"]
+__all__ = ["MAX_CAPACITY_UNITS", "PackingPlan", "lower_bound_l1", "lower_bound_l2", "lower_bound_l2_counts",
+           "check_plan"]
 
 #: Largest ``capacity // pad_to_multiple_of`` accepted: the kernels index tables by length
 #: (counting sort, best-fit buckets), O(capacity) memory: 2**24 units is ~300 MB.
@@ -195,8 +196,15 @@ def lower_bound_l2(lengths, capacity: int) -> int:
     if arr.size == 0:
         return 0
     _check_range(arr, arr, capacity, 1)
+    return lower_bound_l2_counts(np.bincount(arr, minlength=capacity + 1), capacity)
+
+
+def lower_bound_l2_counts(cnt: np.ndarray, capacity: int) -> int:
+    """:func:`lower_bound_l2` from a length histogram: ``cnt[v]`` = number of lengths equal to ``v``,
+    int array of shape ``[capacity + 1]`` (``cnt[0]`` ignored). O(capacity)."""
     C = capacity
-    cnt = np.bincount(arr, minlength=C + 1).astype(np.int64)
+    cnt = np.asarray(cnt, np.int64).copy()
+    cnt[0] = 0
     pc = np.cumsum(cnt)  # items <= v
     ps = np.cumsum(cnt * np.arange(C + 1, dtype=np.int64))  # sum of items <= v
     half = C // 2  # items > C/2  <=>  v > half
@@ -218,6 +226,8 @@ def lower_bound_l2(lengths, capacity: int) -> int:
 
 
 def _check_range(padded: np.ndarray, raw: np.ndarray, capacity: int, multiple: int) -> None:
+    if raw.size and raw.min() >= 1 and padded.max() <= capacity:
+        return  # two reductions instead of four array passes when every length is in range
     bad = np.flatnonzero((raw < 1) | (padded > capacity))
     if bad.size:
         first = bad[:5]

@@ -18,6 +18,7 @@ import typer
 from seqpack.cli.app import fail as _fail
 from seqpack_bench import algorithms as _algorithms
 from seqpack_bench import bench_balance as _balance
+from seqpack_bench.algorithms_mixes import MIX_NAMES
 from seqpack_bench import prepare as _prepare
 from seqpack_bench import stream as _stream
 from seqpack_bench.paths import shared_data_dir
@@ -60,6 +61,13 @@ _ALGORITHMS_HELP = (
     "Full default (100,000 and 1,000,000 lengths, 3 repeats; Megatron-Bridge only at 100,000): 2 min 19 s "
     "on 2 cores, peak memory 7.1 GB, TRL at 1,000,000 (measured 2026-11-29; Megatron-Bridge's pure-Python first "
     "fit takes 1.7 min of it, more on a busy box). --quick (20,000 lengths, 2 repeats): about 25 s.\n\n"
+    "Then the planner mixes (--mixes; lognormal exp(N(6.2, s)) for s 0.5-1.2 at C 4096 and 8192, uniform, "
+    "bimodal, C/2-C/3, FFD 11/9): per mix seqpack's default vs its BFD and every seqpacker strategy but hk at "
+    "--mix-n 1,000,000 lengths (round-robin, 3 repeats) and the default alone at --mix-big-n 10,000,000, seven "
+    "PASS/MISS lines each (packs <= every peer, <= L2 + 0.05 %, spread <= 1 % of C, <= 100 ns per item at both "
+    "sizes, linear in n, >= 2x seqpacker's fastest strategy of <= its packs). Mixes alone (--sizes 100000 --no-trl "
+    "--max-bridge-n 0 --max-reference-n 0): 11 min wall, peak memory 1.4 GB on 2 cores at load 13 (measured "
+    "2026-12-02); --mix-big-n 0 drops the 10M runs, --mixes none the whole part.\n\n"
     "Results: algorithms.json, algorithms_time.png and algorithms_bins.png in --out (default ./bench_results). "
     "TRL wrapped cuts samples: it is marked \"(cuts samples)\" in the table and charts and is not a packing "
     "result. Baselines not run (--max-bridge-n, --max-reference-n, --max-seqpacker-hk-n, not installed) are printed "
@@ -113,9 +121,22 @@ def algorithms(
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
                                   "(created if missing; not empty)."),
+    mixes: str = typer.Option("all", "--mixes",
+                              help="Planner mixes judged after the tables, comma separated, 'all' or 'none': "
+                                   + ", ".join(MIX_NAMES) + "."),
+    mix_n: int = typer.Option(1_000_000, "--mix-n", min=1, help="Lengths per planner mix (--quick: 20,000)."),
+    mix_big_n: int = typer.Option(10_000_000, "--mix-big-n", min=0,
+                                  help="Second, larger size per mix for the linearity and ns-per-item verdicts "
+                                       "(0 = skip; --quick: 0)."),
 ) -> None:
     """`seqpack bench algorithms` (help text: ``_ALGORITHMS_HELP``): :func:`~seqpack_bench.algorithms.run_algorithms`."""
     ns = list(_algorithms.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
+    names = {"all": MIX_NAMES, "none": ()}.get(mixes.strip().lower())
+    if names is None:
+        names = tuple(m.strip() for m in mixes.split(",") if m.strip())
+        bad = [m for m in names if m not in MIX_NAMES]
+        if bad:
+            _fail(f"--mixes: unknown mix {bad[0]!r}; choose from: {', '.join(MIX_NAMES)}, or 'all' / 'none'")
     for key, val in (("--max-reference-n", max_reference_n), ("--max-bridge-n", max_bridge_n),
                      ("--max-seqpacker-hk-n", max_seqpacker_hk_n)):
         if val < 0:
@@ -123,7 +144,8 @@ def algorithms(
     out_dir = _out_dir(out)
     _algorithms.run_algorithms(ns, capacity=capacity, repeats=min(repeats, 2) if quick else repeats, out_dir=out_dir,
                    max_reference_n=max_reference_n, max_bridge_n=max_bridge_n,
-                   max_seqpacker_hk_n=max_seqpacker_hk_n, trl=not no_trl, quick=quick)
+                   max_seqpacker_hk_n=max_seqpacker_hk_n, trl=not no_trl, quick=quick, mixes=names,
+                   mix_n=20_000 if quick else mix_n, mix_big_n=0 if quick else mix_big_n)
     print(f"wrote {out_dir / 'algorithms.json'}, {out_dir / 'algorithms_time.png'}, "
           f"{out_dir / 'algorithms_bins.png'}")
 
