@@ -413,3 +413,43 @@ def test_forced_alpaca_on_messages_names_missing_key_and_detected_format():
         normalize_record(RawRecord({"instruction": "a", "output": "b"}, "d.json", 0), "openai")
     with pytest.raises(DataFormatError, match="missing key 'output'"):
         normalize_record(RawRecord({"instruction": "a"}, "d.json", 0), "alpaca")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ('{"x": NaN}', "NaN is not JSON"),
+    ('{"x": -Infinity}', "-Infinity is not JSON"),
+    ('{"x": 1e999}', "overflows to infinity"),
+    ({"x": float("nan")}, r"arguments\.x is NaN or infinite"),
+    ({"x": [1.0, float("inf")]}, r"arguments\.x\[1\] is NaN or infinite"),
+    ("[1, 2]", "is a JSON array, not an object"),
+    ("5", "is a JSON number, not an object"),
+])
+def test_tool_call_arguments_must_be_finite_json_objects(arguments, message):
+    rec = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": arguments}}]}]}
+    with pytest.raises(DataFormatError, match=message) as ei:
+        norm(rec, "openai")
+    assert ei.value.reason == "bad_tool_call" and ei.value.line is None and ei.value.index == 3
+
+
+@pytest.mark.parametrize("name", ["", "  ", 5, None])
+def test_tool_call_needs_a_non_empty_name(name):
+    rec = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": name, "arguments": "{}"}}]}]}
+    with pytest.raises(DataFormatError, match="has no non-empty string 'name'") as ei:
+        norm(rec, "openai")
+    assert ei.value.reason == "bad_tool_call"
+
+
+@pytest.mark.parametrize("tool, message", [
+    ({"type": "function", "function": {"name": "f", "parameters": "notobj"}}, r"\('f'\)\.parameters is a JSON string"),
+    ({"name": "f", "parameters": [1]}, "parameters is a JSON array"),
+    ({"name": "f", "parameters": {"default": float("nan")}}, "NaN or infinite"),
+])
+def test_tool_schema_parameters_must_be_an_object(tool, message):
+    rec = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": [tool]}
+    with pytest.raises(DataFormatError, match=message) as ei:
+        norm(rec, "openai")
+    assert ei.value.reason == "bad_tools"
+    ok = {**rec, "tools": [{"name": "f", "parameters": {"type": "object", "properties": {"x": {"default": 1.5}}}}]}
+    assert norm(ok, "openai").tools[0]["function"]["name"] == "f"

@@ -47,15 +47,47 @@ def _text(value: Any, ctx: _Ctx, what: str) -> str:
     )
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} overflows to infinity")
+    return v
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` that takes only RFC 8259 JSON: ``NaN``, ``Infinity`` and numbers that overflow to
+    infinity (``1e999``) raise ``ValueError`` (Python's ``json`` accepts them; a chat template would then
+    render them and the model learn to emit invalid JSON). RecursionError (deep nesting) propagates."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _non_finite(obj: Any) -> str | None:
+    """The path of the first NaN / infinite float inside a parsed value (iterative; ``None`` if none)."""
+    stack = [(obj, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return path or "(the value)"
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
+    return None
+
+
 def _tool_calls_from_json(value: Any, ctx: _Ctx, where: str) -> list[dict]:
     """Parse a ``function_call`` / v1 ``tool_call`` value (JSON ``{name, arguments}`` or a list)."""
     obj = value
     if isinstance(value, str):
         try:
-            obj = json.loads(value)
-        except json.JSONDecodeError as e:
+            obj = strict_json(value)
+        except (ValueError, RecursionError) as e:
             raise ctx.err(
-                f"{where} is not valid JSON ({e.msg}).",
+                f"{where} is not valid JSON ({getattr(e, 'msg', None) or e or type(e).__name__}).",
                 "bad_tool_call",
                 'a tool call must be JSON {"name": ..., "arguments": {...}}.',
             ) from None
@@ -64,9 +96,10 @@ def _tool_calls_from_json(value: Any, ctx: _Ctx, where: str) -> list[dict]:
     for c in calls:
         if isinstance(c, dict) and isinstance(c.get("function"), dict):
             c = c["function"]
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
+            got = c.get("name") if isinstance(c, dict) else c
             raise ctx.err(
-                f"{where} has no string 'name'.",
+                f"{where} has no non-empty string 'name' (got {str(got)[:40]!r}).",
                 "bad_tool_call",
                 'a tool call must be JSON {"name": ..., "arguments": {...}}.',
             )
@@ -88,22 +121,40 @@ def _arguments(args: Any, ctx: _Ctx, where: str) -> dict:
     parsed = args
     if isinstance(args, str):
         try:
-            parsed = json.loads(args) if args.strip() else {}
+            parsed = strict_json(args) if args.strip() else {}
         except (ValueError, RecursionError) as e:
+            why = getattr(e, "msg", None) or str(e) or type(e).__name__
             raise ctx.err(
-                f"{where} is a string that is not valid JSON ({getattr(e, 'msg', type(e).__name__)}): {args[:80]!r}.",
+                f"{where} is a string that is not valid JSON ({why}): {args[:80]!r}.",
                 "bad_tool_call",
                 'tool-call arguments must be a JSON object, e.g. "{\"city\": \"Paris\"}"; repair or remove the '
                 "record (on_error='skip' skips and reports it).",
             ) from None
     if not isinstance(parsed, dict):
         raise ctx.err(
-            f"{where} is a JSON {type(parsed).__name__}, not an object.",
+            f"{where} is a JSON {_json_kind(parsed)}, not an object.",
             "bad_tool_call",
             "tool-call arguments must be a JSON object mapping parameter names to values; repair or remove the "
             "record (on_error='skip' skips and reports it).",
         )
+    bad = _non_finite(parsed)
+    if bad is not None:
+        raise ctx.err(
+            f"{where}{bad if bad.startswith(('.', '[')) else ''} is NaN or infinite, which JSON cannot hold.",
+            "bad_tool_call",
+            "tool-call arguments must be valid JSON (no NaN / Infinity); repair or remove the record "
+            "(on_error='skip' skips and reports it).",
+        )
     return parsed
+
+
+def _json_kind(v: Any) -> str:
+    """JSON's name for a parsed value's type (``array``, ``string``, ``number`` ...)."""
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {list: "array", str: "string", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _append_assistant_calls(msgs: list[dict], calls: list[dict]) -> None:
@@ -119,10 +170,11 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
         return None
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
+            tools = strict_json(tools)
+        except (ValueError, RecursionError) as e:
             raise ctx.err(
-                f"'tools' is not valid JSON ({e.msg}).", "bad_tools", "store tools as a JSON list of function schemas."
+                f"'tools' is not valid JSON ({getattr(e, 'msg', None) or e or type(e).__name__}).", "bad_tools",
+                "store tools as a JSON list of function schemas."
             ) from None
     if isinstance(tools, dict):
         tools = [tools]
@@ -145,6 +197,18 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
                 'give every function schema a name: {"type": "function", "function": {"name": ..., '
                 '"parameters": {...}}}; or remove the record (on_error=\'skip\' skips and reports it).',
             )
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        if params is not None and not isinstance(params, dict):
+            raise ctx.err(
+                f"tools[{i}] ({fn.get('name')!r}).parameters is a JSON {_json_kind(params)}, not an object.",
+                "bad_tools",
+                'a function schema\'s "parameters" is a JSON Schema object, e.g. {"type": "object", '
+                '"properties": {...}}; repair or remove the record (on_error=\'skip\' skips and reports it).',
+            )
+        bad = _non_finite(tool)
+        if bad is not None:
+            raise ctx.err(f"tools[{i}]{bad} is NaN or infinite, which JSON cannot hold.", "bad_tools",
+                          "store tools as valid JSON (no NaN / Infinity).")
         out.append(tool)
     return out or None
 
