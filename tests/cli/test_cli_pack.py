@@ -108,6 +108,24 @@ def test_user_errors_are_messages_not_tracebacks(tmp_path):
     assert "bad.jsonl" in _user_error(res, 1)
     res = _run("inspect", tmp_path)
     assert "metadata.json is missing" in _user_error(res, 1)
+    skip = "on_error='skip'"
+    assert skip not in res.output
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}) + "\n")
+    res = _run("pack", bad, "--output", tmp_path / "o", "-q")
+    assert "--on-error skip" in _user_error(res, 1) and skip not in res.output  # the fix names the flag
+
+
+def test_inspect_on_a_read_only_dataset_says_how_to_plot_elsewhere(packed_dir, monkeypatch):
+    import seqpack.io.summary as summary
+
+    def denied(ds, out_path=None):  # what a read-only dataset folder gives (root may write anywhere)
+        raise PermissionError(13, "Permission denied", str(ds.path / "report.png"))
+
+    monkeypatch.setattr(summary, "plot_report", denied)
+    out = _user_error(_run("inspect", packed_dir[0]), 1)
+    assert "report.png: no permission" in out and "--plot PATH" in out and "--no-plot" in out
+    assert _run("inspect", packed_dir[0], "--no-plot").exit_code == 0
 
 
 def test_inspect_writes_report_png(packed_dir, tmp_path):

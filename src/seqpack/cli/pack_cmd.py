@@ -192,7 +192,10 @@ def _cli_text(exc: BaseException) -> str:
     ``pack_dataset`` keywords (:func:`seqpack.pipeline.cli_message`)."""
     from seqpack.pipeline import NothingToPackError, PackConfigError, cli_message
 
-    return cli_message(str(exc)) if isinstance(exc, (PackConfigError, NothingToPackError)) else str(exc)
+    if isinstance(exc, (PackConfigError, NothingToPackError)):
+        return cli_message(str(exc))
+    # a data error quotes the record, so only its fix's keyword is translated
+    return str(exc).replace("on_error='skip'", "--on-error skip")
 
 
 def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
@@ -287,7 +290,11 @@ def inspect(
         _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
         _print_entries(ds.report(), Path(path))
         if not no_plot:
-            png = plot_report(ds, plot)
+            try:
+                png = plot_report(ds, plot)
+            except PermissionError as exc:
+                _fail(f"cannot write the plot {exc.filename or plot}: no permission (a read-only dataset?); pass "
+                      "--plot PATH to write it elsewhere, or --no-plot", 1)
             _out.print(f"wrote {png}")
     except Exception as exc:  # noqa: BLE001
         code = _user_error_code(exc)
