@@ -45,6 +45,7 @@ def prepare(
     num_proc: int = 1,
     workers: PreparePool | None = None,
     keep_image_placeholders: bool = False,
+    sink: Callable[[list[Sample]], None] | None = None,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
 
@@ -79,6 +80,9 @@ def prepare(
             model's image-token runs itself (``seqpack.data.media.prepare_multimodal``, ``seqpack pack``).
             Default False: such a record is refused, since its token ids and length are not what the
             model is trained on.
+        sink: called with each batch of samples (input order, up to ``batch_size`` records' worth) as they
+            are made, instead of keeping them: the returned sample list is then empty (bounded memory for
+            a caller that stores them elsewhere, ``seqpack pack``'s disk spill).
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
@@ -130,6 +134,7 @@ def prepare(
     pending: list[tuple] = []  # outcomes of rendered records awaiting their tokenizer batch
 
     def flush() -> None:
+        start = len(samples)
         for outcome in pending:
             if outcome[0] == "late":
                 raise outcome[1]
@@ -142,6 +147,9 @@ def prepare(
                 report.tokens += s.length
                 report.trainable_tokens += s.num_trainable
         pending.clear()
+        if sink is not None and len(samples) > start:
+            sink(samples[start:])
+            del samples[start:]
 
     try:
         for item, name in zip(items, names):
