@@ -2,7 +2,7 @@
 records and on many tiny records.
 
 Every case is one ``python -m seqpack pack`` subprocess; its peak resident set is read from the kernel
-(``os.wait4``'s ``ru_maxrss`` for that child alone). The figure judged is the peak minus the peak of a
+(``VmHWM`` of that process, written by it at exit: :func:`peak_rss`). The figure judged is the peak minus the peak of a
 baseline run on one short record (imports, tokenizer, Parquet writer), measured in the same run:
 
 * large records: one alpaca record of ``MB`` megabytes (mixed prose, numbers and code-like lines) among 4
@@ -15,7 +15,6 @@ Usage: ``seqpack bench memory [--quick]`` (``run_memory``); results in ``memory.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -91,20 +90,46 @@ def build_inputs(folder: Path, large_mb: Sequence[float], tiny: Sequence[int]) -
     return {"baseline": base, "large": large, "tiny": tinies}
 
 
-def peak_rss(cmd: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, float, int, str]:
-    """Run ``cmd``; return ``(peak RSS in bytes of that process, wall seconds, exit status, stderr tail)``."""
+# The child writes its own VmHWM (peak RSS of its address space since exec) at exit. The kernel's
+# ru_maxrss of a child is not used: it starts at the parent's RSS when the child was forked (Linux
+# records the pre-exec high-water mark), so a child of a large parent would read large.
+_WRAPPER = """
+import atexit, runpy, sys
+out = sys.argv[1]
+def _report():
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(out, "w") as f:
+        f.write(str(hwm * 1024))
+atexit.register(_report)
+if sys.argv[2] == "-c":
+    code, sys.argv = sys.argv[3], ["-c", *sys.argv[4:]]
+    exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+else:
+    sys.argv = [sys.argv[2], *sys.argv[3:]]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def peak_rss(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, float, int, str]:
+    """Run ``python -m MODULE ARGS...`` (``args = [MODULE, *ARGS]``, or ``["-c", CODE, *ARGS]``) in a
+    fresh interpreter; return ``(its peak RSS in bytes, wall seconds, exit status, stderr tail)``.
+
+    The peak is the child's ``VmHWM`` at exit (``/proc/self/status``; Linux), 0 when it did not exit
+    normally (killed)."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryDirectory(prefix="seqpack-peak-") as tmp, tempfile.TemporaryFile() as err:
+        result = Path(tmp) / "hwm"
+        p = subprocess.run([sys.executable, "-c", _WRAPPER, str(result), *args], stdout=subprocess.DEVNULL,
+                           stderr=err, env=env)
         err.seek(0)
         tail = err.read()[-2000:].decode("utf-8", "replace")
-    return int(usage.ru_maxrss) * 1024, time.perf_counter() - t0, p.returncode, tail
+        peak = int(result.read_text()) if result.is_file() else 0
+    return peak, time.perf_counter() - t0, p.returncode, tail
 
 
 def _pack(path: Path, out: Path, overlength: str) -> list[str]:
-    return [sys.executable, "-m", "seqpack", "pack", str(path), "-o", str(out), "--seq-length", "4096",
+    return ["seqpack", "pack", str(path), "-o", str(out), "--seq-length", "4096",
             "--overlength", overlength, "--overwrite", "--quiet"]
 
 
