@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seqpack.data.records import Conversation, DataFormatError
+from seqpack.data.long_text import LONG_TEXT_CHARS, encode_long_texts
 
 __all__ = ["TRAIN_ON", "TemplateMarkers", "render_conversation", "encode_texts"]
 
@@ -306,7 +307,8 @@ def render_conversation(
 
 
 def encode_texts(
-    tokenizer: Any, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], train_on: str = "assistant"
+    tokenizer: Any, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], train_on: str = "assistant",
+    *, in_pieces: bool = True,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Tokenize rendered texts in one batched fast-tokenizer call and mark trainable tokens.
 
@@ -315,6 +317,8 @@ def encode_texts(
         texts: rendered conversations (``add_special_tokens=False``: templates render BOS themselves).
         spans: per text, sorted non-overlapping ``(start, end)`` character spans to train.
         train_on: ``"assistant"`` (tokens whose first character lies in a span) or ``"all"``.
+        in_pieces: tokenize a very long text in pieces, with the same result and a bounded peak memory
+            (``seqpack.data.long_text``); False tokenizes every text whole.
 
     Returns:
         per text ``(input_ids int32[L], trainable bool[L])`` (unshifted mask).
@@ -331,6 +335,8 @@ def encode_texts(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer, so it has no "
             "character offsets. Fix: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
+    if in_pieces and any(len(t) > LONG_TEXT_CHARS for t in texts):
+        return encode_long_texts(tokenizer, texts, spans, train_on, encode_texts)
     want_offsets = train_on == "assistant"
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "encode_batch"):

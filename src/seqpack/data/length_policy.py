@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seqpack.accounting import SampleRecord
-from seqpack.sample import IGNORE_INDEX, Sample, shift_labels, unshift_labels
+from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
 
 __all__ = [
     "OVERLENGTH_POLICIES",
@@ -56,7 +56,10 @@ def trainable_mask(labels: np.ndarray) -> np.ndarray:
     of :func:`seqpack.sample.unshift_labels`); an explicit final target ``labels[-1]``
     has no slot in the mask and is not represented.
     """
-    return np.asarray(unshift_labels(labels, final_target="drop")) != IGNORE_INDEX
+    lab = np.asarray(labels)
+    mask = np.zeros(lab.shape[0], dtype=bool)
+    np.not_equal(lab[:-1], IGNORE_INDEX, out=mask[1:])  # unshift_labels of one segment, as bools only
+    return mask
 
 
 def image_cut(
@@ -200,7 +203,7 @@ def apply_overlength(
             return samples, [rec("split", "overlength", detail, n, n)]
         # truncate (B11/B12): keep seq_length tokens, first dropped token as explicit final target
         final = int(ids[seq_length]) if tr[seq_length] else None
-        t_ids, t_tr = ids[:seq_length], tr[:seq_length]
+        t_ids, t_tr = ids[:seq_length].copy(), tr[:seq_length]  # a copy: the whole array is not kept alive
         labels = shift_labels(t_ids, t_tr, final_target=final)
         sample = Sample(t_ids, labels, sample_id, source, index, media, {**meta, "truncated_from": n})
         if sample.num_trainable == 0 and not keep_untrainable:

@@ -7,17 +7,23 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from seqpack.accounting import PrepareReport
 from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
+from seqpack.data.llamafactory import LlamaFactorySource
 from seqpack.data.media_root import MediaRoot
 from seqpack.data.records import DataFormatError, RawRecord
+from seqpack.data.sources import (
+    InMemoryRecords,
+    dataset_name,
+    expand_inputs,
+    is_dataset,
+    iter_records,
+)
+from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
-from seqpack.accounting import PrepareReport
-from seqpack.data.llamafactory import LlamaFactorySource
-from seqpack.data.sources import InMemoryRecords, dataset_name, expand_inputs, is_dataset, iter_records
-from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 
 __all__ = ["ON_ERROR", "UNLIMITED", "display_names", "prepare", "rename_source"]
 
@@ -48,6 +54,7 @@ def prepare(
     keep_image_placeholders: bool = False,
     media_dir: str | os.PathLike | None = None,
     allow_any_media_path: bool = False,
+    sink: Callable[[list[Sample]], None] | None = None,
 ) -> tuple[list[Sample], PrepareReport]:
     """Read chat records, render them with the tokenizer's chat template and tokenize them.
 
@@ -86,6 +93,9 @@ def prepare(
             ``root/images/ref``) and must lie inside it after resolving symlinks; default: each data file's
             folder (the current directory for record lists and datasets). See ``seqpack.data.media_root``.
         allow_any_media_path: read images wherever the records point (no media root check).
+        sink: called with each batch of samples (input order, up to ``batch_size`` records' worth) as they
+            are made, instead of keeping them: the returned sample list is then empty (bounded memory for
+            a caller that stores them elsewhere, ``seqpack pack``'s disk spill).
 
     Returns:
         ``(samples, report)``: samples in input order (``Sample.labels`` shifted, ``sample_id``
@@ -139,6 +149,7 @@ def prepare(
     pending: list[tuple] = []  # outcomes of rendered records awaiting their tokenizer batch
 
     def flush() -> None:
+        start = len(samples)
         for outcome in pending:
             if outcome[0] == "late":
                 raise outcome[1]
@@ -151,6 +162,9 @@ def prepare(
                 report.tokens += s.length
                 report.trainable_tokens += s.num_trainable
         pending.clear()
+        if sink is not None and len(samples) > start:
+            sink(samples[start:])
+            del samples[start:]
 
     try:
         for item, name in zip(items, names):

@@ -208,6 +208,7 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
         text = _decode_whole(path)
         try:
             data = json.loads(text)
+            del text  # the parsed records hold their own strings: one copy of a large file, not two
         except (ValueError, RecursionError) as e:
             if getattr(e, "msg", None) == "Extra data":  # a .json file holding JSON lines
                 yield from _iter_jsonl(path, base)
@@ -352,4 +353,5 @@ def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
                 )
                 yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
                 continue
+            del raw_line, line  # while the record is prepared, only its parsed copy stays in memory
             yield RawRecord(rec, src, lineno - 1, line=lineno, base_dir=base)

@@ -2,8 +2,8 @@
 stages (:mod:`seqpack.pipeline.stages`) top to bottom in one process (records are rendered and
 tokenized in ``num_proc`` worker processes, :class:`seqpack.data.workers.PreparePool`).
 
-Memory: input files are prepared one at a time and their samples spilled to disk
-(:class:`seqpack.io.spill.SampleSpill`); planning uses the int64 length array and rows are rebuilt pack
+Memory: input files are prepared one at a time and their samples spilled to disk batch by batch as
+they are made (:class:`seqpack.io.spill.SampleSpill`); planning uses the int64 length array and rows are rebuilt pack
 by pack from the spill. In-memory inputs keep the samples in memory (same output, byte for byte).
 """
 
@@ -100,9 +100,9 @@ def pack_dataset(
     pack as usual. Image references must lie inside the media root (``media_dir``, default each data
     file's folder; ``seqpack.data.media_root``).
 
-    Memory: input files are read and tokenized one at a time; each file's samples go to a disk spill
-    (:class:`seqpack.io.spill.SampleSpill`, a hidden ``.<output name>.spill-*`` folder beside the output,
-    deleted at the end and on error) and are dropped, so memory holds the length array and small
+    Memory: input files are read and tokenized one at a time; samples go to a disk spill batch by batch
+    as they are made (:class:`seqpack.io.spill.SampleSpill`, a hidden ``.<output name>.spill-*`` folder
+    beside the output, deleted at the end and on error) and are dropped, so memory holds the length array and small
     per-sample metadata, not the token arrays; packs are then built from the spill pack by pack.
     In-memory inputs (``datasets.Dataset``, record lists) keep their samples in memory. Both paths give
     byte-identical output.
@@ -184,13 +184,10 @@ def pack_dataset(
                 def file_progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
                     bars(stage, _base + done if stage == "prepare" else done, total)
 
-                part = stages.prepare(
-                    job, tok, [item], [name], image_processor=proc, progress=file_progress, workers=workers
-                )
+                part = stages.prepare(job, tok, [item], [name], image_processor=proc, progress=file_progress,
+                                      workers=workers, sink=spill.extend)
                 proc = part.image_processor
                 totals.add(part)
-                spill.extend(part.samples)
-                del part
             num_samples, trainable, get_sample = len(spill), spill.trainable_tokens, spill.get
             lengths = spill.lengths()
         else:

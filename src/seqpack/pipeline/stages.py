@@ -126,6 +126,7 @@ def prepare(
     job: PackJob, tok: JobTokenizer, items: Sequence[Any], names: Sequence[str] | None = None, *,
     image_processor: Any = None, progress: Callable[[str, int, int | None], None] | None = None,
     text_check: Callable[[list], None] | None = None, workers: Any = None,
+    sink: Callable[[list], None] | None = None,
 ) -> Prepared:
     """Read, normalise and tokenize ``items`` without a length limit (an image sample's length is only
     known after its placeholders are expanded), then apply the job's over-length policy and expand
@@ -139,12 +140,18 @@ def prepare(
         text_check: called with the tokenized samples before the length step (may raise).
         workers: a ``seqpack.data.workers.PreparePool`` for ``tok.tokenizer`` that renders and
             tokenizes the records (``None``: this process); the result is the same either way.
+        sink: called with the final samples batch by batch, in input order, as they are made (the
+            returned ``Prepared.samples`` is then empty): memory holds one batch, not the whole input.
+            Same samples, entries, totals and errors as without (an error of the length step is raised
+            after reading, as without a sink, so a bad record later in the input is still raised first).
 
     Raises:
         DataFormatError / TokenizerError / OverlengthError / ValueError: as ``seqpack.data.prepare`` and
             ``apply_length_policy`` (bad records, bad images, ``overlength="error"``).
     """
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
+    if sink is not None:
+        return _prepare_into(job, tok, one, items, names, image_processor, progress, text_check, workers, sink)
     samples, rep = data.prepare(
         one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
         train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
@@ -165,6 +172,62 @@ def prepare(
     policy = rep.entries[n_read:]
     del rep.entries[n_read:]
     return Prepared(samples, rep, policy, stats, {str(s.source) for s in samples}, proc)
+
+
+def _prepare_into(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any], names: Sequence[str] | None,
+                  image_processor: Any, progress: Any, text_check: Any, workers: Any, sink: Callable[[list], None],
+                  ) -> Prepared:
+    """:func:`prepare` with ``sink``: the length policy applied batch by batch, samples handed to ``sink``."""
+    rename = (display_names(list(items))[0], names[0]) if names is not None and len(items) == 1 else None
+    box: dict[str, Any] = {"proc": image_processor if image_processor is not None else job.image_processor,
+                           "error": None, "done": 0}
+    policy: list = []
+    stats = {"images": 0, "image_tokens": 0, "samples_with_images": 0}
+    totals = [0, 0, 0]  # samples, tokens, trainable tokens after the length step
+    sources: set[str] = set()
+
+    def media_progress(stage: str, done: int, total: int | None) -> None:
+        progress(stage, box["done"] + done, None)
+
+    def on_batch(batch: list) -> None:
+        if box["error"] is not None:
+            return
+        try:
+            if rename is not None:
+                rename_source(batch, *rename)
+            if text_check is not None:
+                text_check(batch)
+            if box["proc"] is None and any((s.media or {}).get("images") for s in batch):
+                box["proc"] = resolve_image_processor(None)
+            out, rep, st = apply_length_policy(
+                batch, PrepareReport(), tok.tokenizer, seq_length=job.seq_length, overlength=job.overlength,
+                on_error=job.on_error, image_processor=box["proc"],
+                progress=media_progress if progress is not None else None,
+            )
+        except Exception as e:  # noqa: BLE001 - raised after reading, where prepare without a sink raises it
+            box["error"] = e
+            return
+        box["done"] += len(batch)
+        policy.extend(rep.entries)
+        for key in stats:
+            stats[key] += int(st.get(key, 0))
+        totals[0] += rep.samples_out
+        totals[1] += rep.tokens
+        totals[2] += rep.trainable_tokens
+        sources.update(str(s.source) for s in out)
+        sink(out)
+
+    _, rep = data.prepare(
+        one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
+        train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
+        sink=on_batch,
+    )
+    if box["error"] is not None:
+        raise box["error"]
+    if rename is not None:
+        rename_source(rep.entries, *rename)
+    rep.samples_out, rep.tokens, rep.trainable_tokens = totals
+    return Prepared([], rep, policy, stats, sources, box["proc"])
 
 
 @dataclass
