@@ -64,6 +64,9 @@ def test_token_ids_are_checked_against_the_vocabulary(packed, tmp_path):
     bad = load_packed(_craft(packed, tmp_path, "input_ids", [-3] + ds.columns(0)["input_ids"].tolist()[1:]))[0]
     with pytest.raises(PackedSequenceError, match=r"invariant 11 .*input_ids\[0\]=-3 is negative"):
         bad.validate()
+    for wrong in (0, -5, True, 1.5, "151936"):
+        with pytest.raises(ValueError, match="vocab_size must be a positive integer"):
+            row.validate(vocab_size=wrong)
 
 
 _ints = st.lists(st.integers(-3, 40), max_size=6)

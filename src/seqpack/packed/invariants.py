@@ -83,7 +83,11 @@ def validate(packed: Any, capacity: int | None = None, context_parallel_size: in
 
     Raises:
         PackedSequenceError: naming the invariant number and the offending slot / segment.
+        ValueError: ``vocab_size`` that is not a positive integer (a caller's mistake, not the row's).
     """
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
+                                   or vocab_size < 1):
+        raise ValueError(f"vocab_size must be a positive integer (len(tokenizer)), got {vocab_size!r}")
     # ---- 1: shapes and dtypes
     t = packed.length
     per_token = {
