@@ -89,6 +89,30 @@ def test_read_only_datasets_with_claimed_keys_do_not_poison_each_other(packs, tm
                 sub.chmod(0o755)
 
 
+def test_unwritable_datasets_share_the_private_cache_safely(packs, tmp_path, private_tmp, monkeypatch):
+    """As above without chmod (runs as root too): writes into either dataset fail, and both datasets
+    are forced into one private cache folder, so B's cache file is found under A's cache name."""
+    from seqpack.io.cache import ShardCache
+
+    a, b = _copy(packs, "a", tmp_path / "a"), _copy(packs, "b", tmp_path / "b")
+    _claim(a, b)
+    want_a, want_b = _rows(load_packed(a, memory_map=False)), _rows(load_packed(b, memory_map=False))
+    real_build = ShardCache._build
+
+    def build(self, name, ident, cache):
+        if a in cache.parents or b in cache.parents:
+            raise PermissionError(f"read-only: {cache}")
+        return real_build(self, name, ident, cache)
+
+    monkeypatch.setattr(ShardCache, "_build", build)
+    monkeypatch.setattr(ShardCache, "_private", lambda self: private_tmp / "one")
+    for ds, want in ((b, want_b), (a, want_a), (b, want_b)):
+        assert all(np.array_equal(g, w) for g, w in zip(_rows(load_packed(ds)), want))
+    assert not (a / ".cache").exists() and not (b / ".cache").exists()
+    n_shards = len(json.loads((a / "metadata.json").read_text())["shards"])
+    assert len(list((private_tmp / "one").glob("*.arrow"))) == n_shards  # one name each: the same files reused
+
+
 def test_a_cache_file_of_another_shard_is_rebuilt(packs, tmp_path, private_tmp):
     a, b = _copy(packs, "a", tmp_path / "a"), _copy(packs, "b", tmp_path / "b")
     _claim(a, b)
