@@ -323,17 +323,17 @@ def test_fingerprint_depends_on_content_and_settings_not_location(tmp_path):
 def test_read_only_dataset_dir_falls_back_to_temp_cache(written, monkeypatch, tmp_path):
     import tempfile
 
-    from seqpack.io import PackedDataset
+    from seqpack.io.cache import ShardCache
 
     out = written[0]
-    real_convert = PackedDataset._convert
+    real_build = ShardCache._build
 
-    def convert(parquet, cache):
+    def build(self, name, ident, cache):
         if out in cache.parents:
             raise PermissionError(f"read-only: {cache}")
-        return real_convert(parquet, cache)
+        return real_build(self, name, ident, cache)
 
-    monkeypatch.setattr(PackedDataset, "_convert", staticmethod(convert))
+    monkeypatch.setattr(ShardCache, "_build", build)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     ds = load_packed(out)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
 from seqpack.io.metadata import PackedDatasetError
 
@@ -31,9 +31,14 @@ FINGERPRINT_SETTINGS = (
 
 _CHUNK = 1 << 20
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+def sha256_file(path: str | os.PathLike | BinaryIO) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks; ``path`` may also be a binary file object
+    (read from its current position to the end, not closed)."""
     h = hashlib.sha256()
+    if hasattr(path, "read"):
+        for chunk in iter(lambda: path.read(_CHUNK), b""):
+            h.update(chunk)
+        return h.hexdigest()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)

@@ -188,7 +188,8 @@ class PackedMetadata:
         """Read ``DIR/metadata.json``.
 
         Raises:
-            PackedDatasetError: the file is missing (incomplete or interrupted write) or not valid JSON.
+            PackedDatasetError: the file is missing (incomplete or interrupted write), a symlink to a file
+                outside ``DIR``, or not valid JSON.
         """
         p = Path(directory) / METADATA_FILE
         if not p.is_file():
@@ -203,6 +204,11 @@ class PackedMetadata:
                 f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} is missing "
                 f"(a finished `seqpack pack` always writes it last). Fix: check the path, or {fix}."
             )
+        real, root = p.resolve(), Path(directory).resolve()
+        if not real.is_relative_to(root):
+            raise PackedDatasetError(
+                f"{p} is a symlink to {real}, outside the dataset folder; seqpack reads a dataset's "
+                f"{METADATA_FILE} only from inside it. Fix: copy the file in (`cp --remove-destination {real} {p}`)")
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
         except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, huge integers, deep nesting

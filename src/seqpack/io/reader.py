@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from seqpack.io.fingerprint import sha256_file, verify_fingerprint
-from seqpack.io.output_dir import private_cache_root
+from seqpack.io.cache import ShardCache, ShardIdentity, check_shard, read_shard
+from seqpack.io.fingerprint import verify_fingerprint
 from seqpack.io.media import PackMedia
 from seqpack.io.metadata import (
     REPORT_FILE,
@@ -125,14 +123,19 @@ class PackedDataset:
 
     def __init__(self, path: str | os.PathLike, metadata: PackedMetadata, *, memory_map: bool = True,
                  cache_dir: str | os.PathLike | None = None, load_media: bool = False,
-                 media_dir: str | os.PathLike | None = None, allow_any_media_path: bool = False) -> None:
+                 media_dir: str | os.PathLike | None = None, allow_any_media_path: bool = False,
+                 identities: list[ShardIdentity] | None = None) -> None:
         self.path = Path(path)
         self.load_media = bool(load_media)
         self.media = PackMedia(self.path, metadata.media, load_media=load_media, media_dir=media_dir,
                                allow_any=allow_any_media_path)
         self.metadata = metadata
         self.memory_map = memory_map
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._cache = ShardCache(self.path, Path(cache_dir) if cache_dir is not None else None)
+        # each shard's file as checked at load: a later first read refuses another file at that path
+        self._identities = identities if identities is not None else [
+            check_shard(self.path, s.file, num_bytes=s.num_bytes, num_rows=s.num_rows, sha256=s.sha256, verify=False)
+            for s in metadata.shards]
         counts = [s.num_rows for s in metadata.shards]
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self._shards: list[_Shard | None] = [None] * len(metadata.shards)
@@ -164,46 +167,19 @@ class PackedDataset:
             self._shards[k] = s
         return s
 
-    def _cache_path(self, k: int) -> Path:
-        info = self.metadata.shards[k]
-        key = (info.sha256 or f"{info.num_bytes}")[:16]
-        stem = Path(info.file).stem
-        base = self.cache_dir if self.cache_dir is not None else self.path / ".cache"
-        return base / f"{stem}-{key}.arrow"
+    @property
+    def cache_dir(self) -> Path | None:
+        """Where the Arrow cache files go (``None``: the dataset's own ``.cache`` folder)."""
+        return self._cache.cache_dir
 
     def _open_table(self, k: int) -> pa.Table:
-        parquet = self.path / self.metadata.shards[k].file
+        name = self.metadata.shards[k].file
         if not self.memory_map:
-            return pq.read_table(parquet)
-        cache = self._cache_path(k)
+            return read_shard(self.path, name, self._identities[k])
         rebuild = self._rebuild_cache and k not in self._rebuilt  # verified Parquet: no cache from before
-        if rebuild or not cache.is_file():
-            try:
-                self._convert(parquet, cache)
-            except OSError:
-                # read-only dataset directory: fall back to a per-dataset cache in this user's private temp dir
-                fp = (self.metadata.fingerprint or "nofp")[:16]
-                self.cache_dir = private_cache_root() / fp
-                cache = self._cache_path(k)
-                if rebuild or not cache.is_file():
-                    self._convert(parquet, cache)
+        table = self._cache.table(name, self._identities[k], rebuild=rebuild)
         self._rebuilt.add(k)
-        source = pa.memory_map(str(cache), "r")
-        return pa.ipc.open_file(source).read_all()
-
-    @staticmethod
-    def _convert(parquet: Path, cache: Path) -> None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        table = pq.read_table(parquet).combine_chunks()
-        tmp = cache.with_name(cache.name + f".tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-        try:
-            with pa.OSFile(str(tmp), "wb") as sink:
-                with pa.ipc.new_file(sink, table.schema) as writer:
-                    writer.write_table(table)
-            os.replace(tmp, cache)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        return table
 
     def _locate(self, i: int) -> tuple[int, int]:
         n = len(self)
@@ -318,9 +294,13 @@ def load_packed(
 ) -> PackedDataset:
     """Open a packed dataset written by :func:`seqpack.io.write_packed` / ``seqpack pack``.
 
-    Checks: ``metadata.json`` present and of a supported ``format_version``; every shard listed in it
-    present, of the recorded size, with the recorded row count; the row counts add up to
-    ``num_packs``; then every ``expect`` key equals the stored value.
+    Checks: ``metadata.json`` present (inside the folder, not a symlink out of it), schema-valid and of a
+    supported ``format_version``; every shard listed in it inside the folder, present, of the recorded
+    size, readable Parquet with the recorded row count; the row counts add up to ``num_packs``; then
+    every ``expect`` key equals the stored value. Each shard's file identity (device, inode, size,
+    mtime) is recorded: shards are read lazily, and one that is no longer that file when first read
+    (the dataset was replaced in place, e.g. by ``seqpack pack --overwrite``) raises
+    ``PackedDatasetError`` instead of serving another dataset's rows (``seqpack.io.cache``).
 
     Args:
         path: dataset directory.
@@ -329,9 +309,11 @@ def load_packed(
             processor keys ``min_pixels``, ``max_pixels``, ``patch_size``, ``merge_size``,
             ``temporal_patch_size`` compare with ``metadata.media``, ``None`` for text-only data).
         memory_map: access rows through a memory-mapped Arrow IPC cache (default) instead of loading
-            the Parquet shards into RAM.
-        cache_dir: where the Arrow cache goes (default ``path/.cache``, or the temp dir if ``path`` is
-            read-only).
+            the Parquet shards into RAM. A cache file is served only for the shard file it was built
+            from (recorded in it); otherwise, or when it is damaged (with a warning), it is rebuilt.
+        cache_dir: where the Arrow cache goes (default ``path/.cache``; this user's private temp folder
+            ``seqpack-arrow-cache-<uid>`` if ``path`` is read-only or its ``.cache`` is a symlink, which
+            is never followed).
         verify: also hash every shard and compare with the sha256 recorded in ``metadata.json``
             (detects same-size corruption). Cost: reads and hashes every shard once in full (hashlib
             sha256 measured 0.95-1.9 GB/s on one core of the 2-core dev box, 256 MiB in memory; disk
@@ -346,9 +328,10 @@ def load_packed(
         length T = ``cu_seqlens_padded[-1]`` <= ``metadata.seq_length``.
 
     Raises:
-        PackedDatasetError: missing/incomplete directory, unknown format, missing or altered shard
-            (size, row count, or with ``verify=True`` its sha256), ``load_media=True`` on a dataset
-            without images.
+        PackedDatasetError: missing/incomplete directory, ``metadata.json`` malformed or a symlink out
+            of the folder, unknown format, missing, unreadable or altered shard (size, row count, or
+            with ``verify=True`` its sha256), ``load_media=True`` on a dataset without images; later,
+            on first access to a shard, that shard was replaced since loading (reopen the dataset).
         StalePackedDatasetError: some ``expect`` key differs; the message names every differing key
             with the stored and expected value (case B23: data packed for CP=1 reused with CP=2).
         ValueError: an unknown ``expect`` key.
@@ -359,34 +342,9 @@ def load_packed(
     meta = PackedMetadata.read(p)
     if verify:
         verify_fingerprint(p, meta)
-    root = p.resolve()
-    total = 0
-    for s in meta.shards:
-        f = p / s.file
-        if not f.resolve().is_relative_to(root):
-            raise PackedDatasetError(
-                f"{p}: shard {s.file} resolves to {f.resolve()}, outside the dataset folder (a symlink?); "
-                "seqpack reads shards only inside the dataset. Re-pack the data")
-        if not f.is_file():
-            raise PackedDatasetError(f"{p}: shard {s.file} listed in metadata.json is missing; re-pack the data")
-        if s.num_bytes and f.stat().st_size != s.num_bytes:
-            raise PackedDatasetError(
-                f"{p}: shard {s.file} has {f.stat().st_size} bytes, metadata.json says {s.num_bytes}; "
-                "the file was modified or truncated, re-pack the data"
-            )
-        if verify:
-            if not s.sha256:
-                raise PackedDatasetError(f"{p}: shard {s.file} has no sha256 in metadata.json; cannot verify it")
-            got = sha256_file(f)
-            if got != s.sha256:
-                raise PackedDatasetError(
-                    f"{p}: shard {s.file} has sha256 {got[:16]}..., metadata.json says {s.sha256[:16]}...; "
-                    "the file was modified or corrupted, re-pack the data"
-                )
-        rows = pq.ParquetFile(f).metadata.num_rows
-        if rows != s.num_rows:
-            raise PackedDatasetError(f"{p}: shard {s.file} has {rows} rows, metadata.json says {s.num_rows}")
-        total += rows
+    idents = [check_shard(p, s.file, num_bytes=s.num_bytes, num_rows=s.num_rows, sha256=s.sha256, verify=verify)
+              for s in meta.shards]
+    total = sum(i.num_rows for i in idents)
     if total != meta.num_packs:
         raise PackedDatasetError(f"{p}: shards hold {total} packs, metadata.json says num_packs={meta.num_packs}")
     if expect:
@@ -394,6 +352,6 @@ def load_packed(
     if load_media and not meta.media:
         raise PackedDatasetError(f"{p}: load_media=True but the dataset holds no images (metadata.json has no media)")
     ds = PackedDataset(p, meta, memory_map=memory_map, cache_dir=cache_dir, load_media=load_media,
-                       media_dir=media_dir, allow_any_media_path=allow_any_media_path)
+                       media_dir=media_dir, allow_any_media_path=allow_any_media_path, identities=idents)
     ds._rebuild_cache = bool(verify)
     return ds
