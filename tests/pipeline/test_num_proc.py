@@ -66,9 +66,6 @@ def test_num_proc_is_checked_before_any_work(tmp_path, bad):
         PackJob.create(None, tmp_path / "o", num_proc=bad)
 
 
-def test_num_proc_defaults_to_one_and_none_means_the_available_cores(tmp_path):
-    import os
-
-    assert PackJob.create(None, tmp_path / "o").num_proc == 1
-    assert PackJob.create(None, tmp_path / "o", num_proc=None).num_proc == len(os.sched_getaffinity(0))
+def test_num_proc_defaults_to_automatic(tmp_path):
+    assert PackJob.create(None, tmp_path / "o").num_proc is None
     assert PackJob.create(None, tmp_path / "o", num_proc=3).num_proc == 3

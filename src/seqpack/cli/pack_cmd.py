@@ -83,7 +83,9 @@ def pack(
     engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack\\[ray]").'),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="Ray engine: CPUs / tokenizer workers."),
     num_proc: Optional[int] = typer.Option(
-        None, "--num-proc", help="Local engine: processes that tokenize records (default 1; e.g. $(nproc))."
+        None, "--num-proc",
+        help="Local engine: processes that render and tokenize records (default: the cores available, for "
+             "inputs of 2,048 records or more; 1 = this process).",
     ),
     planning: Optional[str] = typer.Option(
         None, "--planning",
@@ -137,7 +139,7 @@ def pack(
               "packed by the local engine)", 2)
     if engine != "ray":
         engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels,
-                     "num_proc": 1 if num_proc is None else num_proc}
+                     "num_proc": num_proc}
 
     progress = None if quiet else Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

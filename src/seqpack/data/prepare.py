@@ -42,7 +42,7 @@ def prepare(
     keep_untrainable: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     batch_size: int = 1024,
-    num_proc: int = 1,
+    num_proc: int | None = 1,
     workers: PreparePool | None = None,
     keep_image_placeholders: bool = False,
 ) -> tuple[list[Sample], PrepareReport]:
@@ -70,8 +70,9 @@ def prepare(
             ``{"enable_thinking": False}``).
         batch_size: records per batched tokenizer call.
         num_proc: processes that render and tokenize records (1 = this process; > 1 = that many
-            ``spawn`` workers, started for this call). Output, report and errors are the same for
-            every value.
+            worker processes, started for this call; ``None`` = the cores available, once the input is
+            large enough: :class:`~seqpack.data.workers.PreparePool`). Output, report and errors are the
+            same for every value.
         workers: a started :class:`~seqpack.data.workers.PreparePool` for ``tokenizer`` to use
             instead of ``num_proc`` (one pool for many calls).
         keep_image_placeholders: return image samples (LLaVA ``<image>`` records, ``media["images"]``
@@ -96,6 +97,7 @@ def prepare(
         FileNotFoundError: a path or glob matches nothing.
         TokenizerError: the tokenizer cannot be loaded or has no chat template.
         ValueError: an invalid option (``num_proc`` < 1, ``workers`` for another tokenizer).
+        WorkerDiedError: a worker process died (e.g. killed by the out-of-memory killer) or could not start.
     """
     if overlength not in OVERLENGTH_POLICIES:
         raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")

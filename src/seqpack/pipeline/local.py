@@ -81,7 +81,7 @@ def pack_dataset(
     image_processor: Any = None,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
-    num_proc: int | None = 1,
+    num_proc: int | None = None,
 ) -> PackResult:
     """Pack chat/instruction data into an offline packed dataset (Parquet shards + metadata.json).
 
@@ -128,9 +128,12 @@ def pack_dataset(
             defaults), a ``preprocessor_config.json`` path/folder, a dict, or a processor.
         min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
             tokens per image).
-        num_proc: processes that render and tokenize records (default 1 = this process; ``None``: the
-            cores available to this process, ``len(os.sched_getaffinity(0))``). The output (rows, report,
-            metadata fingerprint) and the errors are the same for every value; not a metadata setting.
+        num_proc: processes that render and tokenize records: ``None`` (default) = the cores available to
+            this process (``len(os.sched_getaffinity(0))``), started once the input holds
+            ``seqpack.data.workers.AUTO_MIN_RECORDS`` records (smaller inputs are prepared in this process);
+            1 = this process; N = N worker processes. The output (rows, report, metadata fingerprint) and
+            the errors are the same for every value; not a metadata setting. A worker process that dies
+            (e.g. killed by the out-of-memory killer) raises ``WorkerDiedError``; nothing is written.
 
     Returns:
         :class:`PackResult`.
