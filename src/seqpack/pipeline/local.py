@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from seqpack.data.prepare import RecordCounts
 from seqpack.data.workers import PreparePool
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.metadata import PackedMetadata
@@ -170,11 +171,17 @@ def pack_dataset(
             output.parent.mkdir(parents=True, exist_ok=True)
             remove_leftovers(output)
             spill = SampleSpill(temp_name(output, "spill"))
-            for item, name in zip(job.inputs, stages.input_names(job)):
+            counts = RecordCounts(list(job.inputs))  # the prepare bar's total over all files
+            for i, (item, name) in enumerate(zip(job.inputs, stages.input_names(job))):
                 base = totals.report.records_read
 
-                def file_progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
-                    bars(stage, _base + done if stage == "prepare" else done, total)
+                def file_progress(stage: str, done: int, total: int | None, _base: int = base, _i: int = i) -> None:
+                    if stage != "prepare":
+                        bars(stage, done, total)
+                        return
+                    if total is not None:
+                        counts.learn(_i, total)
+                    bars(stage, _base + done, counts.total())
 
                 part = stages.prepare(
                     job, tok, [item], [name], image_processor=proc, progress=file_progress, workers=workers
