@@ -137,6 +137,7 @@ class WorkerProcesses:
         Raises:
             WorkerDiedError: a worker ended without its result, or the task failed outside ``run``.
         """
+        grace = True  # after a worker is found dead, one more wait for what it sent before dying
         while tid not in self._done:
             if not self.procs:
                 raise WorkerDiedError("the preparation workers were stopped before this result arrived")
@@ -144,6 +145,9 @@ class WorkerProcesses:
                 got, status, payload = self.results.get(timeout=POLL_S)
             except queue.Empty:
                 dead = [p for p in self.procs if p.exitcode is not None]
+                if dead and grace:
+                    grace = False
+                    continue
                 if dead:
                     p = dead[0]
                     self.close(kill=True)

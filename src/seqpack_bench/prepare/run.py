@@ -128,6 +128,7 @@ def run_prepare(
         if trl and not has_trl:
             skipped.append({"dataset": "*", "reason": "trl/datasets not importable: TRL side skipped"})
         warm = write_synthetic_chat(work / "warmup_chat.jsonl", WARMUP_RECORDS, seed=1)
+        log(f"{procs} processes per program (seqpack num_proc, TRL dataset_num_proc; bound: {procs} threads)")
         log(f"warm-up (untimed): {WARMUP_RECORDS} synthetic chats, each program once")
         try:
             seqpack_prepare_and_pack(warm, tok, seq_length, work / "seqpack_out", procs)
@@ -141,7 +142,7 @@ def run_prepare(
         think_ids = list(tok("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]) if has_trl else []
         judged = files[-1][0] if records > 0 else max(files, key=lambda f: f[1].stat().st_size)[0]
         for name, path, reps in files:
-            log(f"{name}: seqpack x{reps} (num_proc={procs})")
+            log(f"{name}: seqpack x{reps}")
             prep_s: list[float] = []
 
             def run_seqpack() -> dict[str, Any]:
@@ -165,7 +166,7 @@ def run_prepare(
                 informational="quick: informational" if quick else (None if name == judged else "informational: "
                                                                      "judged on the largest data set")))
             if has_trl:
-                log(f"{name}: TRL x{reps} (dataset_num_proc={procs})")
+                log(f"{name}: TRL x{reps}")
                 tr, t_tr = _timed(lambda: trl_prepare_and_pack(path, tok, seq_length, work / "trl_out.parquet", procs),
                                   reps)
                 entry["trl"] = {**tr, "wall_s": t_tr.wall_s, "cpu_s": t_tr.cpu_s}
@@ -188,15 +189,17 @@ def run_prepare(
                 if r is None:
                     continue
                 rows.append([short, prog, r["samples"], r["tokens"], r["packs"], r["efficiency"], r["wall_s"], r["cpu_s"],
-                             r.get("prepare_s"), e.get("bound", {}).get("wall_s") if key == "seqpack" else None,
-                             e.get("bound_ratio") if key == "seqpack" else None,
                              e.get("speedup_wall") if key == "seqpack" else None,
                              e.get("speedup_cpu") if key == "seqpack" else None])
         print_table(f"prepare: tokenize + pack + write, seq_length={seq_length}, {procs} processes (median of "
-                    "repeats; CPU incl. workers; bound = tokenizers encode_batch of the rendered texts on as many "
-                    "threads; speed-up = TRL time / seqpack time)",
+                    "repeats; CPU incl. worker processes; speed-up = TRL time / seqpack time)",
                     ["dataset", "program", "samples", "tokens", "packs", "efficiency", "wall s", "CPU s",
-                     "prepare s", "bound s", "prepare / bound", "speed-up wall", "speed-up CPU"], rows, text_columns=2)
+                     "speed-up wall", "speed-up CPU"], rows, text_columns=2)
+        print_table(f"preparation vs the bound: seqpack's prepare stage (read + render + tokenize + labels) vs "
+                    f"tokenizers' encode_batch of the already-rendered texts, {procs} processes / threads",
+                    ["dataset", "tokens", "seqpack prepare s", "bound s", "prepare / bound"],
+                    [[table_name(e["dataset"]), e["bound"]["tokens"], e["seqpack"]["prepare_s"], e["bound"]["wall_s"],
+                      e["bound_ratio"]] for e in entries], text_columns=1)
         notes = [n for e in entries for n in e.get("comparison", {}).get("notes", [])]
         if any(e.get("comparison", {}).get("think_block_tokens") for e in entries):
             notes.append("note: " + THINK_NOTE)
