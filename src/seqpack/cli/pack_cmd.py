@@ -34,6 +34,10 @@ def _user_error_code(exc: BaseException) -> int | None:
         return 2
     if isinstance(exc, TokenizerError):  # unknown / unloadable tokenizer: a message, not a traceback
         return 1
+    from seqpack.data.procs import WorkerDiedError
+
+    if isinstance(exc, WorkerDiedError):  # e.g. the out-of-memory killer: the message names the signal and fix
+        return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
         return 1

@@ -174,7 +174,7 @@ class PreparePool:
             # the workers share the cores instead of running num_proc x cores threads
             threads = str(max(1, available_cores() // self.num_proc))
             self._procs = WorkerProcesses(self.num_proc, _init_worker, (pickle.dumps(self.tokenizer),), _worker_chunk,
-                                          env={"RAYON_NUM_THREADS": threads, "RAYON_RS_NUM_CPUS": threads})
+                                          env={"RAYON_NUM_THREADS": threads})
         return self._procs
 
     def map_chunks(
