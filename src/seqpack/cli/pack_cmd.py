@@ -19,6 +19,7 @@ from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
 from seqpack.cli.app import app, err_console as _err, fail as _fail, load_config, print_violations
 from seqpack.config import ConfigValidationError
 from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
+from seqpack.data.procs import WorkerDiedError
 from seqpack.data.tokenizer import TokenizerError
 
 _out = Console()
@@ -34,8 +35,6 @@ def _user_error_code(exc: BaseException) -> int | None:
         return 2
     if isinstance(exc, TokenizerError):  # unknown / unloadable tokenizer: a message, not a traceback
         return 1
-    from seqpack.data.procs import WorkerDiedError
-
     if isinstance(exc, WorkerDiedError):  # e.g. the out-of-memory killer: the message names the signal and fix
         return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seqpack.data.chat_template import TemplateMarkers, render_conversation
+from seqpack.data.formats import normalize_record
+from seqpack.data.sources import iter_records
 from seqpack_bench._child import child_env, module_command
 
 __all__ = ["measure_bound", "render_texts"]
@@ -31,10 +34,6 @@ __all__ = ["measure_bound", "render_texts"]
 
 def render_texts(path: str | os.PathLike, tokenizer: Any) -> list[str]:
     """Every record of ``path`` that seqpack renders, as the rendered chat text (untimed)."""
-    from seqpack.data.chat_template import TemplateMarkers, render_conversation
-    from seqpack.data.formats import normalize_record
-    from seqpack.data.sources import iter_records
-
     markers = TemplateMarkers.probe(tokenizer)
     texts = []
     for raw in iter_records(path):

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from seqpack.data.procs import available_cores
 from seqpack.data.tokenizer import load_tokenizer
 from seqpack_bench.prepare.compare import THINK_NOTE, compare_sides
 from seqpack_bench.prepare.data import (SHARED_FILES, WARMUP_RECORDS, PrepareOptionError, real_datasets,
@@ -101,8 +102,6 @@ def run_prepare(
     if repeats < 1:
         raise PrepareOptionError(f"repeats must be >= 1, got {repeats}")
     out_dir = ensure_out_dir(out_dir, option="out_dir")
-    from seqpack.data.procs import available_cores
-
     procs = int(num_proc) if num_proc else available_cores()
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     work = Path(tempfile.mkdtemp(prefix="_prepare_work", dir=out_dir))
