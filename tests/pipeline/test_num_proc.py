@@ -109,7 +109,7 @@ def test_automatic_num_proc_starts_workers_only_for_large_inputs(qwen3_tokenizer
         got = list(pool.map_chunks(settings, chunks))
         assert not pool.started and pool.records_seen == 600  # small input: prepared in this process
     with PreparePool(None, qwen3_tokenizer) as pool:
-        pool.num_proc, pool.min_records = 2, 500  # as on a 2-core machine, with a lower start threshold
+        pool.num_proc, pool.min_records, pool.min_seconds = 2, 256, 0.0  # 2 cores, start after the first chunk
         got2 = list(pool.map_chunks(settings, chunks))
         assert pool.started and pool.records_seen == 600
     for a, b, c in zip(want, got, got2):

@@ -87,8 +87,8 @@ def pack(
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="Ray engine: CPUs / tokenizer workers."),
     num_proc: Optional[int] = typer.Option(
         None, "--num-proc",
-        help="Local engine: processes that render and tokenize records (default: the cores available, for "
-             "inputs of 2,048 records or more; 1 = this process).",
+        help="Local engine: processes that render and tokenize records (default: the cores available, started "
+             "after 2,048 records and 5 s in this process; 1 = this process).",
     ),
     planning: Optional[str] = typer.Option(
         None, "--planning",

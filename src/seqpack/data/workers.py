@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -26,7 +27,7 @@ from seqpack.data.length_policy import apply_overlength
 from seqpack.data.procs import WorkerDiedError, WorkerProcesses, available_cores
 from seqpack.data.records import DataFormatError, RawRecord
 
-__all__ = ["AUTO_MIN_RECORDS", "ChunkSettings", "PreparePool", "WorkerDiedError", "prepare_chunk"]
+__all__ = ["AUTO_MIN_RECORDS", "AUTO_MIN_SECONDS", "ChunkSettings", "PreparePool", "WorkerDiedError", "prepare_chunk"]
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,13 @@ def _worker_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
     return [(o[0], _picklable(o[1]), *o[2:]) if o[0] != "ok" else o for o in outcomes]
 
 
-#: ``num_proc=None`` starts worker processes only once an input (or the inputs prepared so far with one
-#: pool) holds this many records: starting a worker (spawn, imports, tokenizer load) costs about 1-2 s,
-#: the work of this many chat records of a few hundred tokens several seconds on one core.
+#: ``num_proc=None`` starts worker processes only once this many records (over all ``prepare`` calls of one
+#: pool) were prepared in this process and that took :data:`AUTO_MIN_SECONDS`: a worker costs about 4 CPU-s
+#: to start (spawn, importing transformers and seqpack, loading the tokenizer), and this process already
+#: encodes on every core (the tokenizer's thread pool), so workers pay off only for inputs of many seconds.
 AUTO_MIN_RECORDS = 2048
+#: see :data:`AUTO_MIN_RECORDS` (wall seconds of in-process preparation)
+AUTO_MIN_SECONDS = 5.0
 
 
 class PreparePool:
@@ -129,8 +133,9 @@ class PreparePool:
     Args:
         num_proc: number of worker processes: an integer >= 1 (1 = prepare in this process; > 1 = that
             many processes, started once an input has more than one chunk), or ``None`` = the cores
-            available (:func:`~seqpack.data.procs.available_cores`), started once
-            :data:`AUTO_MIN_RECORDS` records have been read (smaller inputs are prepared in this process).
+            available (:func:`~seqpack.data.procs.available_cores`); records are prepared in this process
+            until :data:`AUTO_MIN_RECORDS` records and :data:`AUTO_MIN_SECONDS` seconds are reached, the
+            rest in the workers (small inputs never start them).
         tokenizer: the loaded fast tokenizer (must be picklable when worker processes start).
 
     Raises:
@@ -147,8 +152,10 @@ class PreparePool:
         self.auto = num_proc is None
         self.num_proc = available_cores() if num_proc is None else num_proc
         self.min_records = AUTO_MIN_RECORDS if self.auto else 0
+        self.min_seconds = AUTO_MIN_SECONDS if self.auto else 0.0
         self.tokenizer = tokenizer
         self.records_seen = 0
+        self.in_process_s = 0.0
         self._procs: WorkerProcesses | None = None
 
     @property
@@ -183,7 +190,7 @@ class PreparePool:
         """Yield the outcomes of every chunk, in chunk order (at most ``2 * num_proc`` chunks in flight).
 
         Chunks are prepared in this process when ``num_proc == 1`` or until the start rule of the class
-        docstring is met (an input of one chunk never starts workers)."""
+        docstring is met (an input of one chunk never starts workers); the outcomes are the same."""
         if self.num_proc == 1:
             for chunk in chunks:
                 self.records_seen += len(chunk)
@@ -191,13 +198,24 @@ class PreparePool:
             return
         it = iter(chunks)
         held: list = []  # chunks read before the workers start
-        if self._procs is None:
+        if self._procs is None and self.auto:
+            for chunk in it:  # in this process until the start rule is met
+                t0 = time.perf_counter()
+                out = prepare_chunk(self.tokenizer, settings, chunk)
+                self.in_process_s += time.perf_counter() - t0
+                self.records_seen += len(chunk)
+                yield out
+                if self.records_seen >= self.min_records and self.in_process_s >= self.min_seconds:
+                    break
+            else:
+                return
+        elif self._procs is None:
             for chunk in it:
                 held.append(chunk)
                 self.records_seen += len(chunk)
-                if len(held) >= 2 and self.records_seen >= self.min_records:
+                if len(held) >= 2:
                     break
-            else:  # the input ended first: not worth starting workers
+            else:  # one chunk: not worth starting workers
                 for chunk in held:
                     yield prepare_chunk(self.tokenizer, settings, chunk)
                 return

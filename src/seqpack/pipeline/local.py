@@ -130,8 +130,8 @@ def pack_dataset(
         min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
             tokens per image).
         num_proc: processes that render and tokenize records: ``None`` (default) = the cores available to
-            this process (``len(os.sched_getaffinity(0))``), started once the input holds
-            ``seqpack.data.workers.AUTO_MIN_RECORDS`` records (smaller inputs are prepared in this process);
+            this process (``len(os.sched_getaffinity(0))``), started once 2,048 records and 5 s of preparation
+            were spent in this process (``seqpack.data.workers.AUTO_MIN_RECORDS``; smaller inputs never start them);
             1 = this process; N = N worker processes. The output (rows, report, metadata fingerprint) and
             the errors are the same for every value; not a metadata setting. A worker process that dies
             (e.g. killed by the out-of-memory killer) raises ``WorkerDiedError``; nothing is written.
