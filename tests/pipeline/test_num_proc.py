@@ -170,3 +170,40 @@ def test_record_counts_estimates_unparsed_json_files(tmp_path):
     assert counts.total() == 2 + 10 + round(b.stat().st_size * 10 / a.stat().st_size)
     counts.learn(2, 20)
     assert counts.total() == 32
+
+
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, time\n"
+        "from seqpack.data.procs import WorkerProcesses\n"
+        "w = WorkerProcesses(2, int, (0,), os.kill)\n"
+        "print(' '.join(str(p.pid) for p in w.procs), flush=True)\n"
+        "time.sleep(600)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(x) for x in parent.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split()[2] != "Z"  # a zombie has ended
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)

@@ -9,8 +9,9 @@ parent hands results back in task order.
 A worker that dies (killed by the out-of-memory killer, a segfault in native code, ``os._exit``) is found
 within :data:`POLL_S` seconds of the parent waiting on it and raises :class:`WorkerDiedError` naming the
 exit code or signal; the parent never waits forever on a lost task. Workers ignore SIGINT (Ctrl-C
-reaches the parent, which stops them). They start from a bare ``__main__`` module, so the caller's
-script is not run again in each worker and needs no ``if __name__ == "__main__"`` guard.
+reaches the parent, which stops them) and end within :data:`POLL_S` seconds of an idle wait when the
+parent dies (SIGKILL). They start from a bare ``__main__`` module, so the caller's script is not run
+again in each worker and needs no ``if __name__ == "__main__"`` guard.
 """
 
 from __future__ import annotations
@@ -63,8 +64,14 @@ def _worker_main(tasks: Any, results: Any, init: Callable[..., Any], init_args: 
     except BaseException:  # noqa: BLE001 - reported to the parent, then this worker ends
         results.put((-1, "init", traceback.format_exc()))
         return
+    parent = mp.parent_process()
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=POLL_S)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():  # the parent was killed: do not linger
+                return
+            continue
         if task is None:
             return
         tid, args = task
