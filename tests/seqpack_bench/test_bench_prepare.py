@@ -37,7 +37,7 @@ def test_bench_prepare_tiny_real_and_synthetic(tmp_path, shared_data, qwen3_toke
     use_trl = ref.trl_available()
     logs: list[str] = []
     data = run_prepare(shared_data=tmp_path / "data", records=120, seq_length=1024, repeats=1,
-                       out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer, trl=use_trl, log=logs.append)
+                       out_dir=tmp_path / "out", tokenizer=qwen3_tokenizer, trl=use_trl, log=logs.append, num_proc=2)
     on_disk = json.loads((tmp_path / "out" / "prepare.json").read_text())
     # one untimed warm-up of each program before the first timed run (one-time costs not charged to it)
     first_timed = next(i for i, m in enumerate(logs) if m.endswith("seqpack x1"))
@@ -58,6 +58,11 @@ def test_bench_prepare_tiny_real_and_synthetic(tmp_path, shared_data, qwen3_toke
             assert 0 < t["trainable_tokens"] < t["tokens"]  # TRL got assistant masks too
             assert abs(t["tokens"] - s["tokens"]) / s["tokens"] < 0.1  # same data, similar templates
             assert e["speedup_wall"] > 0
+        # the bound: encode_batch of the texts seqpack renders, on the same number of threads as processes
+        assert e["bound"]["texts"] == s["samples"] and e["bound"]["threads"] == data["num_proc"]
+        assert e["bound"]["wall_s"] > 0 and e["bound_ratio"] == round(s["prepare_s"] / e["bound"]["wall_s"], 3)
+        assert 0 < s["prepare_s"] < s["wall_s"]
+    assert data["num_proc"] == 2
     assert (tmp_path / "out" / "prepare_time.png").stat().st_size > 1000
     assert not list((tmp_path / "out").glob("_prepare_work*"))  # scratch removed
 
@@ -185,10 +190,12 @@ def test_cli_bench_prepare_notes_why_samples_and_tokens_differ(prepare_quick_run
 
 def test_cli_bench_prepare_quick_verdicts_are_informational(prepare_quick_run):
     output, data = prepare_quick_run
-    (goal,) = data["goals"]
+    bound, goal = data["goals"]
     assert goal["informational"] == "quick: informational" and data["quick"] is True
     tag = "PASS" if goal["pass"] else "MISS"
     assert f"{tag} (quick: informational)  fastchat/dummy_conversation.json: seqpack >= 2x" in output
+    assert bound["informational"] == "quick: informational"
+    assert "seqpack preparation within 1.3x of tokenizers' encode_batch" in bound["goal"]
     note = [ln for ln in output.splitlines() if ln.startswith("note: --quick verdicts are informational")]
     assert len(note) == 1 and "judged on the full run (`seqpack bench prepare`: 100,000 synthetic records" in note[0]
 

@@ -19,6 +19,7 @@ from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
 from seqpack.cli.app import app, err_console as _err, fail as _fail, load_config, print_violations
 from seqpack.config import ConfigValidationError
 from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
+from seqpack.data.procs import WorkerDiedError
 from seqpack.data.tokenizer import TokenizerError
 
 _out = Console()
@@ -33,6 +34,8 @@ def _user_error_code(exc: BaseException) -> int | None:
     if isinstance(exc, ImportError) and "seqpack[ray]" in str(exc):  # optional engine not installed
         return 2
     if isinstance(exc, TokenizerError):  # unknown / unloadable tokenizer: a message, not a traceback
+        return 1
+    if isinstance(exc, WorkerDiedError):  # e.g. the out-of-memory killer: the message names the signal and fix
         return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
@@ -83,7 +86,9 @@ def pack(
     engine: str = typer.Option("local", "--engine", help='local | ray (needs: pip install "seqpack\\[ray]").'),
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="Ray engine: CPUs / tokenizer workers."),
     num_proc: Optional[int] = typer.Option(
-        None, "--num-proc", help="Local engine: processes that tokenize records (default 1; e.g. $(nproc))."
+        None, "--num-proc",
+        help="Local engine: processes that render and tokenize records (default: the cores available, started "
+             "after 2,048 records and 5 s in this process; 1 = this process).",
     ),
     planning: Optional[str] = typer.Option(
         None, "--planning",
@@ -147,7 +152,7 @@ def pack(
               "local only (image-text data is packed by the local engine)", 2)
     if engine != "ray":
         engine_kw = {"image_processor": image_processor, "min_pixels": min_pixels, "max_pixels": max_pixels,
-                     "num_proc": 1 if num_proc is None else num_proc, "media_dir": media_dir,
+                     "num_proc": num_proc, "media_dir": media_dir,
                      "allow_any_media_path": allow_any_media_path}
 
     progress = None if quiet else Progress(

@@ -13,6 +13,7 @@ import numpy as np
 
 from seqpack.data.records import Conversation, DataFormatError
 from seqpack.data.long_text import LONG_TEXT_CHARS, encode_long_texts
+from seqpack.data.token_mask import span_mask, span_mask_at_boundaries
 
 __all__ = ["TRAIN_ON", "TemplateMarkers", "render_conversation", "encode_texts"]
 
@@ -342,32 +343,33 @@ def encode_texts(
     if backend is not None and hasattr(backend, "encode_batch"):
         # the same call transformers' fast tokenizer makes, without its per-text Python conversion
         encs = backend.encode_batch(list(texts), add_special_tokens=False)
-        all_ids = [e.ids for e in encs]
-        all_offsets = [e.offsets for e in encs] if want_offsets else None
-    else:  # pragma: no cover - fast tokenizers always have a backend
-        enc = tokenizer(
-            list(texts),
-            add_special_tokens=False,
-            return_offsets_mapping=want_offsets,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-            verbose=False,
-        )
-        all_ids = enc["input_ids"]
-        all_offsets = enc["offset_mapping"] if want_offsets else None
-    out: list[tuple[np.ndarray, np.ndarray]] = []
-    for i, ids_list in enumerate(all_ids):
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        for text, enc, sp in zip(texts, encs, spans):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            if not want_offsets:
+                out.append((ids, np.ones(ids.shape[0], dtype=bool)))
+            elif not sp or ids.shape[0] == 0:
+                out.append((ids, np.zeros(ids.shape[0], dtype=bool)))
+            else:
+                tr = span_mask_at_boundaries(enc, ids.shape[0], len(text), sp)
+                out.append((ids, tr if tr is not None else span_mask(enc.offsets, sp)))
+        return out
+    enc = tokenizer(  # pragma: no cover - fast tokenizers always have a backend
+        list(texts),
+        add_special_tokens=False,
+        return_offsets_mapping=want_offsets,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
+    )
+    out = []
+    for i, ids_list in enumerate(enc["input_ids"]):  # pragma: no cover
         ids = np.asarray(ids_list, dtype=np.int32)
         if not want_offsets:
             out.append((ids, np.ones(ids.shape[0], dtype=bool)))
-            continue
-        sp = spans[i]
-        if not sp or ids.shape[0] == 0:
+        elif not spans[i] or ids.shape[0] == 0:
             out.append((ids, np.zeros(ids.shape[0], dtype=bool)))
-            continue
-        starts = np.asarray(all_offsets[i], dtype=np.int64)[:, 0]
-        bounds = np.asarray(sp, dtype=np.int64).reshape(-1)
-        # position in [s0, e0, s1, e1, ...]: odd -> inside a span (start inclusive, end exclusive)
-        trainable = (np.searchsorted(bounds, starts, side="right") % 2) == 1
-        out.append((ids, trainable))
+        else:
+            out.append((ids, span_mask(enc["offset_mapping"][i], spans[i])))
     return out
+

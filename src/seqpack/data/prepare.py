@@ -25,7 +25,7 @@ from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
 
-__all__ = ["ON_ERROR", "UNLIMITED", "display_names", "prepare", "rename_source"]
+__all__ = ["ON_ERROR", "UNLIMITED", "RecordCounts", "display_names", "prepare", "rename_source"]
 
 #: ``on_error`` values: ``"raise"`` on the first bad record, or ``"skip"`` and report it.
 ON_ERROR = ("raise", "skip")
@@ -49,7 +49,7 @@ def prepare(
     keep_untrainable: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
     batch_size: int = 1024,
-    num_proc: int = 1,
+    num_proc: int | None = 1,
     workers: PreparePool | None = None,
     keep_image_placeholders: bool = False,
     media_dir: str | os.PathLike | None = None,
@@ -74,14 +74,16 @@ def prepare(
         format: force ``"alpaca"``, ``"sharegpt"``, ``"openai"`` or ``"llava"``; ``None`` detects
             per record.
         progress: optional ``callback(stage, done, total)``; stage ``"prepare"`` counts records
-            (``total`` is known for datasets, record lists and ``.jsonl`` files, ``None`` otherwise).
+            (``total``: :class:`RecordCounts`, exact for datasets, record lists, ``.jsonl`` files and a parsed
+            ``.json`` array, estimated for ``.json`` files not yet parsed; ``None`` for an ``IterableDataset``).
         keep_untrainable: keep samples that have no trainable label (default: drop and report them).
         chat_template_kwargs: extra template variables for every render (e.g.
             ``{"enable_thinking": False}``).
         batch_size: records per batched tokenizer call.
         num_proc: processes that render and tokenize records (1 = this process; > 1 = that many
-            ``spawn`` workers, started for this call). Output, report and errors are the same for
-            every value.
+            worker processes, started for this call; ``None`` = the cores available, once the input is
+            large enough: :class:`~seqpack.data.workers.PreparePool`). Output, report and errors are the
+            same for every value.
         workers: a started :class:`~seqpack.data.workers.PreparePool` for ``tokenizer`` to use
             instead of ``num_proc`` (one pool for many calls).
         keep_image_placeholders: return image samples (LLaVA ``<image>`` records, ``media["images"]``
@@ -114,6 +116,7 @@ def prepare(
         TokenizerError: the tokenizer cannot be loaded or has no chat template.
         ValueError: an invalid option (``num_proc`` < 1, ``workers`` for another tokenizer, ``media_dir``
             not a folder).
+        WorkerDiedError: a worker process died (e.g. killed by the out-of-memory killer) or could not start.
     """
     if overlength not in OVERLENGTH_POLICIES:
         raise ValueError(f"overlength={overlength!r} is not one of {OVERLENGTH_POLICIES}")
@@ -137,7 +140,7 @@ def prepare(
 
     items = expand_inputs(inputs)
     names = display_names(items)
-    total = _total_records(items)
+    counts = RecordCounts(items)
     report = PrepareReport()
     samples: list[Sample] = []
     settings = ChunkSettings(markers, chat_template_kwargs, format, train_on, seq_length, overlength, keep_untrainable,
@@ -167,8 +170,9 @@ def prepare(
             del samples[start:]
 
     try:
-        for item, name in zip(items, names):
-            for outcomes in pool.map_chunks(settings, _chunks(iter_records(item), name, chunk)):
+        for i, (item, name) in enumerate(zip(items, names)):
+            records = iter_records(item, on_count=lambda n, _i=i: counts.learn(_i, n))
+            for outcomes in pool.map_chunks(settings, _chunks(records, name, chunk)):
                 for outcome in outcomes:
                     report.records_read += 1
                     if outcome[0] == "bad":
@@ -180,10 +184,10 @@ def prepare(
                     if len(pending) >= batch_size:
                         flush()
                         if progress is not None:
-                            progress("prepare", report.records_read, total)
+                            progress("prepare", report.records_read, counts.total())
             flush()
             if progress is not None:
-                progress("prepare", report.records_read, total)
+                progress("prepare", report.records_read, counts.total())
     finally:
         if workers is None:
             pool.close()
@@ -267,23 +271,54 @@ def rename_source(records: Any, old: str, new: str) -> None:
             x.sample_id = new + sid[len(old):]
 
 
-def _total_records(items: list[Any]) -> int | None:
-    """Records in ``items`` when cheap to know (progress totals): lengths of datasets and record lists,
-    non-blank lines of ``.jsonl`` files (one read pass, no parsing); ``None`` when any item is another
-    kind (a JSON array must be parsed whole to count)."""
-    total = 0
-    for it in items:
-        if isinstance(it, InMemoryRecords):
-            total += len(it)
-            continue
-        if isinstance(it, (str, os.PathLike)) and str(it).lower().endswith(".jsonl") and os.path.isfile(it):
+class RecordCounts:
+    """Progress totals: the number of records in a list of inputs, known or estimated.
+
+    Counted when cheap at construction: lengths of datasets and record lists, non-blank lines of
+    ``.jsonl`` files (one read pass, no parsing). A ``.json`` array is counted when it is parsed
+    (:meth:`learn`, from ``iter_records(on_count=...)``); until then it is estimated from its size in bytes
+    at the records per byte of the ``.json`` files already parsed. :meth:`total` is ``None`` while some
+    input can be neither counted nor estimated (an ``IterableDataset``, or no ``.json`` file parsed yet).
+    """
+
+    def __init__(self, items: list[Any]) -> None:
+        self.counts: list[int | None] = [_cheap_count(it) for it in items]
+        self.sizes = [os.path.getsize(it) if c is None and _is_json_file(it) else None
+                      for it, c in zip(items, self.counts)]
+
+    def learn(self, i: int, n: int) -> None:
+        """Input ``i`` holds ``n`` records."""
+        self.counts[i] = int(n)
+
+    def total(self) -> int | None:
+        """Records in all inputs (estimated for ``.json`` files not yet parsed), or ``None``."""
+        known = sum(c for c in self.counts if c is not None)
+        missing = [i for i, c in enumerate(self.counts) if c is None]
+        if not missing:
+            return known
+        parsed = [(c, b) for c, b in zip(self.counts, self.sizes) if c is not None and b]
+        if any(self.sizes[i] is None for i in missing) or not parsed:
+            return None
+        per_byte = sum(c for c, _ in parsed) / sum(b for _, b in parsed)
+        return known + sum(round(self.sizes[i] * per_byte) for i in missing)
+
+
+def _is_json_file(it: Any) -> bool:
+    return isinstance(it, (str, os.PathLike)) and str(it).lower().endswith(".json") and os.path.isfile(it)
+
+
+def _cheap_count(it: Any) -> int | None:
+    """Records of one input when known without parsing it (see :class:`RecordCounts`), else ``None``."""
+    if isinstance(it, InMemoryRecords):
+        return len(it)
+    if isinstance(it, (str, os.PathLike)):
+        if str(it).lower().endswith(".jsonl") and os.path.isfile(it):
             with open(it, "rb") as f:
-                total += sum(1 for line in f if line.strip())
-            continue
-        if not is_dataset(it):
-            return None
-        try:
-            total += len(it)
-        except TypeError:  # IterableDataset
-            return None
-    return total
+                return sum(1 for line in f if line.strip())
+        return None
+    if not is_dataset(it):
+        return None
+    try:
+        return len(it)
+    except TypeError:  # IterableDataset
+        return None

@@ -166,8 +166,11 @@ def dataset_name(ds: Any) -> str:
     return str(name) if name else "dataset"
 
 
-def iter_records(item: Any) -> Iterator[RawRecord]:
+def iter_records(item: Any, on_count: Callable[[int], None] | None = None) -> Iterator[RawRecord]:
     """Yield every record of one input (a ``Path`` or an HF dataset) as a ``RawRecord``.
+
+    ``on_count(n)``, if given, is called with the number of records of a ``.json`` array once it is
+    parsed, before its first record is yielded (progress totals; other kinds are counted by the caller).
 
     JSONL: one record per non-blank line (``index = line - 1``); a line that is not valid UTF-8 or
     not valid JSON yields a record carrying ``error`` (so it can be skipped and reported). JSON: a
@@ -222,6 +225,8 @@ def iter_records(item: Any) -> Iterator[RawRecord]:
             ) from None
         if isinstance(data, dict):
             data = [data]
+        if on_count is not None and isinstance(data, list):
+            on_count(len(data))
         if not isinstance(data, list):
             raise DataFormatError(
                 f"top-level JSON value is a {type(data).__name__}, expected an array of records.",

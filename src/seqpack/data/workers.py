@@ -5,21 +5,17 @@ tokenizes and applies the over-length policy to each record and returns one outc
 order. ``seqpack.data.prepare`` replays the outcomes in input order, so its samples, report entries and
 errors do not depend on how records were chunked nor on the number of processes.
 
-Workers are started with the ``spawn`` context (no fork of a process whose tokenizer thread pool may
-already run); each loads the tokenizer once (pickled by the parent) and returns plain picklable
+Worker processes (:mod:`seqpack.data.procs`: spawned, no ``__main__`` guard needed, a dead worker raises
+``WorkerDiedError`` instead of hanging) each load the tokenizer once and return plain picklable
 outcomes. An exception raised for a record travels back as the exception object itself (type,
 message and attributes kept) and is raised by the parent at that record's place in the input order.
-Workers do not run the caller's ``__main__`` module (a script needs no ``__main__`` guard).
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
-import os
 import pickle
-import sys
-import types
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -29,9 +25,10 @@ from seqpack.data.chat_template import TemplateMarkers, encode_texts, render_con
 from seqpack.data.formats import normalize_record
 from seqpack.data.length_policy import apply_overlength
 from seqpack.data.media_root import MediaRoot
+from seqpack.data.procs import WorkerDiedError, WorkerProcesses, available_cores
 from seqpack.data.records import DataFormatError, RawRecord
 
-__all__ = ["ChunkSettings", "PreparePool", "prepare_chunk"]
+__all__ = ["AUTO_MIN_RECORDS", "AUTO_MIN_SECONDS", "ChunkSettings", "PreparePool", "WorkerDiedError", "prepare_chunk"]
 
 
 @dataclass(frozen=True)
@@ -101,15 +98,8 @@ def prepare_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
     return out
 
 
-_WORKER_TOKENIZER: Any = None
-
-
-def _init_worker(tokenizer_bytes: bytes, threads: int) -> None:
-    global _WORKER_TOKENIZER
-    # the tokenizer's batch encoding uses a thread pool of its own (Rust rayon, sized at first use):
-    # share the cores among the workers instead of running num_proc x cores threads
-    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    _WORKER_TOKENIZER = pickle.loads(tokenizer_bytes)
+def _init_worker(tokenizer_bytes: bytes) -> Any:
+    return pickle.loads(tokenizer_bytes)
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -121,92 +111,134 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _worker_chunk(settings: ChunkSettings, records: Sequence[tuple[RawRecord, str]]) -> list[Outcome]:
-    outcomes = prepare_chunk(_WORKER_TOKENIZER, settings, records)
+def _worker_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tuple[RawRecord, str]]) -> list[Outcome]:
+    outcomes = prepare_chunk(tokenizer, settings, records)
     return [(o[0], _picklable(o[1]), *o[2:]) if o[0] != "ok" else o for o in outcomes]
 
 
-def _threads_per_worker(num_proc: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // num_proc)
+#: ``num_proc=None`` starts worker processes only once this many records (over all ``prepare`` calls of one
+#: pool) were prepared in this process and that took :data:`AUTO_MIN_SECONDS`: a worker costs about 4 CPU-s
+#: to start (spawn, importing transformers and seqpack, loading the tokenizer), and this process already
+#: encodes on every core (the tokenizer's thread pool), so workers pay off only for inputs of many seconds.
+AUTO_MIN_RECORDS = 2048
+#: see :data:`AUTO_MIN_RECORDS` (wall seconds of in-process preparation)
+AUTO_MIN_SECONDS = 5.0
 
 
 class PreparePool:
-    """``num_proc`` worker processes holding one tokenizer, or this process when ``num_proc == 1``.
+    """``num_proc`` worker processes holding one tokenizer, or this process.
 
-    Use as a context manager (workers start on the first chunk and stop on exit). One pool serves any
-    number of ``seqpack.data.prepare`` calls with the same tokenizer (pass it as ``workers=``).
+    Use as a context manager (workers start when there is enough work, stop on exit or :meth:`close`).
+    One pool serves any number of ``seqpack.data.prepare`` calls with the same tokenizer (pass it as
+    ``workers=``). Whatever the number of processes, the outcomes are the same, in input order.
 
     Args:
-        num_proc: number of worker processes (>= 1; 1 = prepare in this process).
-        tokenizer: the loaded fast tokenizer (must be picklable when ``num_proc > 1``).
+        num_proc: number of worker processes: an integer >= 1 (1 = prepare in this process; > 1 = that
+            many processes, started once an input has more than one chunk), or ``None`` = the cores
+            available (:func:`~seqpack.data.procs.available_cores`); records are prepared in this process
+            until :data:`AUTO_MIN_RECORDS` records and :data:`AUTO_MIN_SECONDS` seconds are reached, the
+            rest in the workers (small inputs never start them).
+        tokenizer: the loaded fast tokenizer (must be picklable when worker processes start).
 
     Raises:
-        ValueError: ``num_proc`` is not an integer >= 1.
+        ValueError: ``num_proc`` is neither ``None`` nor an integer >= 1.
+        WorkerDiedError: (from :meth:`map_chunks`) a worker process died or could not start.
     """
 
     #: records per chunk sent to a worker (the in-process path uses ``prepare``'s ``batch_size``)
     chunk_records = 256
 
-    def __init__(self, num_proc: int, tokenizer: Any) -> None:
-        if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-            raise ValueError(f"num_proc must be an integer >= 1, got {num_proc!r}")
-        self.num_proc = num_proc
+    def __init__(self, num_proc: int | None, tokenizer: Any) -> None:
+        if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+            raise ValueError(f"num_proc must be None (the cores available) or an integer >= 1, got {num_proc!r}")
+        self.auto = num_proc is None
+        self.num_proc = available_cores() if num_proc is None else num_proc
+        self.min_records = AUTO_MIN_RECORDS if self.auto else 0
+        self.min_seconds = AUTO_MIN_SECONDS if self.auto else 0.0
         self.tokenizer = tokenizer
-        self._pool: Any = None
+        self.records_seen = 0
+        self.in_process_s = 0.0
+        self._procs: WorkerProcesses | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether worker processes are running."""
+        return self._procs is not None
 
     def __enter__(self) -> "PreparePool":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.close(kill=exc[0] is not None)
 
-    def close(self) -> None:
+    def close(self, kill: bool = True) -> None:
         """Stop the workers (if started)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        if self._procs is not None:
+            procs, self._procs = self._procs, None
+            procs.close(kill=kill)
 
-    def _start(self) -> Any:
-        if self._pool is None:
-            ctx = mp.get_context("spawn")
-            # spawn re-runs the caller's __main__ in every worker unless it is hidden: a script without an
-            # ``if __name__ == "__main__"`` guard would start the job again in each worker. The workers
-            # need only seqpack and the tokenizer's classes, so they start from a bare __main__.
-            main = sys.modules.get("__main__")
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            try:
-                self._pool = ctx.Pool(
-                    self.num_proc, initializer=_init_worker, initargs=(pickle.dumps(self.tokenizer), _threads_per_worker(self.num_proc))
-                )
-            finally:
-                if main is not None:
-                    sys.modules["__main__"] = main
-        return self._pool
+    def _start(self) -> WorkerProcesses:
+        if self._procs is None:
+            # the tokenizer's batch encoding runs a thread pool of its own (Rust rayon, sized at first use):
+            # the workers share the cores instead of running num_proc x cores threads
+            threads = str(max(1, available_cores() // self.num_proc))
+            self._procs = WorkerProcesses(self.num_proc, _init_worker, (pickle.dumps(self.tokenizer),), _worker_chunk,
+                                          env={"RAYON_NUM_THREADS": threads})
+        return self._procs
 
     def map_chunks(
         self, settings: ChunkSettings, chunks: Iterable[Sequence[tuple[RawRecord, str]]]
     ) -> Iterator[list[Outcome]]:
-        """Yield the outcomes of every chunk, in chunk order (at most ``2 * num_proc`` chunks in flight;
-        an input of one chunk is prepared in this process)."""
+        """Yield the outcomes of every chunk, in chunk order (at most ``2 * num_proc`` chunks in flight).
+
+        Chunks are prepared in this process when ``num_proc == 1`` or until the start rule of the class
+        docstring is met (an input of one chunk never starts workers); the outcomes are the same."""
         if self.num_proc == 1:
             for chunk in chunks:
+                self.records_seen += len(chunk)
                 yield prepare_chunk(self.tokenizer, settings, chunk)
             return
         it = iter(chunks)
-        first = next(it, None)
-        if first is None:
-            return
-        second = next(it, None)
-        if second is None and self._pool is None:  # one chunk: not worth starting workers
-            yield prepare_chunk(self.tokenizer, settings, first)
-            return
-        pool = self._start()
+        held: list = []  # chunks read before the workers start
+        if self._procs is None and self.auto:
+            for chunk in it:  # in this process until the start rule is met
+                t0 = time.perf_counter()
+                out = prepare_chunk(self.tokenizer, settings, chunk)
+                self.in_process_s += time.perf_counter() - t0
+                self.records_seen += len(chunk)
+                yield out
+                if self.records_seen >= self.min_records and self.in_process_s >= self.min_seconds:
+                    break
+            else:
+                return
+        elif self._procs is None:
+            for chunk in it:
+                held.append(chunk)
+                self.records_seen += len(chunk)
+                if len(held) >= 2:
+                    break
+            else:  # one chunk: not worth starting workers
+                for chunk in held:
+                    yield prepare_chunk(self.tokenizer, settings, chunk)
+                return
+        procs = self._start()
         pending: deque = deque()
-        for chunk in itertools.chain([first], [] if second is None else [second], it):
-            pending.append(pool.apply_async(_worker_chunk, (settings, list(chunk))))
+
+        def in_flight() -> str:
+            first, last = pending[0][1], pending[-1][1]
+            return f"records {first[0][1]} to {last[-1][1]}" if first and last else "records"
+
+        def counted() -> Iterator[Sequence[tuple[RawRecord, str]]]:
+            for chunk in it:
+                self.records_seen += len(chunk)
+                yield chunk
+
+        for chunk in itertools.chain(held, counted()):
+            chunk = list(chunk)
+            pending.append((procs.submit(settings, chunk), chunk))
             if len(pending) >= 2 * self.num_proc:
-                yield pending.popleft().get()
+                yield procs.result(pending[0][0], in_flight)
+                pending.popleft()
         while pending:
-            yield pending.popleft().get()
+            yield procs.result(pending[0][0], in_flight)
+            pending.popleft()

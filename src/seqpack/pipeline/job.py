@@ -130,8 +130,9 @@ class PackJob:
         overwrite, rows_per_shard, validate: writer settings (replace, packs per shard, check rows).
         image_processor: the image processor given for image records, or ``None`` (transformers'
             Qwen2-VL defaults, built when the first image sample is met).
-        num_proc: processes that prepare records in the local engine (not a metadata setting: the
-            output is the same for every value).
+        num_proc: processes that prepare records in the local engine, or ``None`` (the cores
+            available, once the input is large enough: ``seqpack.data.workers.PreparePool``); not a metadata
+            setting: the output is the same for every value.
         media_dir, allow_any_media_path, media_root: the explicit media root or ``None`` (each data file's
             folder), the opt-out of its check, and the folder stored image paths are relative to
             (``seqpack.data.media_root``; in ``metadata.json`` outside the fingerprint).
@@ -154,7 +155,7 @@ class PackJob:
     rows_per_shard: int
     validate: bool
     image_processor: Any = None
-    num_proc: int = 1
+    num_proc: int | None = None
     media_dir: Path | None = None
     allow_any_media_path: bool = False
     media_root: Path | None = None
@@ -181,15 +182,15 @@ class PackJob:
         image_processor: Any = None,
         min_pixels: int | None = None,
         max_pixels: int | None = None,
-        num_proc: int | None = 1,
+        num_proc: int | None = None,
         media_dir: str | os.PathLike | None = None,
         allow_any_media_path: bool = False,
         log: Callable[[str], None] | None = None,
     ) -> "PackJob":
         """Validate every setting (in this order: capacity and pad multiple, algorithm, policies, output
         directory, image processor, inputs) and return the job. Arguments as
-        :func:`seqpack.pipeline.pack_dataset` (``num_proc`` default 1; ``None``: the cores available to
-        this process, ``len(os.sched_getaffinity(0))``); ``log`` receives one line per repeated input file.
+        :func:`seqpack.pipeline.pack_dataset` (``num_proc`` default ``None``: the cores available to
+        this process once the input is large enough); ``log`` receives one line per repeated input file.
 
         Raises:
             PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
@@ -300,10 +301,10 @@ def _check_policies(**given: Any) -> None:
             raise PackConfigError(f"{key}={val!r} is not valid; choose one of: {choices}")
 
 
-def _check_num_proc(num_proc: Any) -> int:
-    """``num_proc`` as an int >= 1 (``None``: the cores available to this process)."""
+def _check_num_proc(num_proc: Any) -> int | None:
+    """``num_proc`` as an int >= 1, or ``None`` (automatic: ``seqpack.data.workers.PreparePool``)."""
     if num_proc is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        return None
     if isinstance(num_proc, bool) or not isinstance(num_proc, (int, np.integer)) or num_proc < 1:
         raise PackConfigError(f"num_proc must be an integer >= 1, got {num_proc!r}")
     return int(num_proc)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from seqpack.data.prepare import RecordCounts
 from seqpack.data.workers import PreparePool
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.metadata import PackedMetadata
@@ -81,7 +82,7 @@ def pack_dataset(
     image_processor: Any = None,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
-    num_proc: int | None = 1,
+    num_proc: int | None = None,
     media_dir: str | os.PathLike | None = None,
     allow_any_media_path: bool = False,
 ) -> PackResult:
@@ -132,9 +133,12 @@ def pack_dataset(
             defaults), a ``preprocessor_config.json`` path/folder, a dict, or a processor.
         min_pixels, max_pixels: override the processor's pixel bounds (fewer pixels = fewer image
             tokens per image).
-        num_proc: processes that render and tokenize records (default 1 = this process; ``None``: the
-            cores available to this process, ``len(os.sched_getaffinity(0))``). The output (rows, report,
-            metadata fingerprint) and the errors are the same for every value; not a metadata setting.
+        num_proc: processes that render and tokenize records: ``None`` (default) = the cores available to
+            this process (``len(os.sched_getaffinity(0))``), started once 2,048 records and 5 s of preparation
+            were spent in this process (``seqpack.data.workers.AUTO_MIN_RECORDS``; smaller inputs never start them);
+            1 = this process; N = N worker processes. The output (rows, report, metadata fingerprint) and
+            the errors are the same for every value; not a metadata setting. A worker process that dies
+            (e.g. killed by the out-of-memory killer) raises ``WorkerDiedError``; nothing is written.
         media_dir: the media root image references resolve against (``root/ref``, then
             ``root/images/ref``) and must stay inside after resolving symlinks; default: each data file's
             folder. Stored image paths are relative to it (or to the folder common to the data files),
@@ -178,11 +182,17 @@ def pack_dataset(
             output.parent.mkdir(parents=True, exist_ok=True)
             remove_leftovers(output)
             spill = SampleSpill(temp_name(output, "spill"))
-            for item, name in zip(job.inputs, stages.input_names(job)):
+            counts = RecordCounts(list(job.inputs))  # the prepare bar's total over all files
+            for i, (item, name) in enumerate(zip(job.inputs, stages.input_names(job))):
                 base = totals.report.records_read
 
-                def file_progress(stage: str, done: int, total: int | None, _base: int = base) -> None:
-                    bars(stage, _base + done if stage == "prepare" else done, total)
+                def file_progress(stage: str, done: int, total: int | None, _base: int = base, _i: int = i) -> None:
+                    if stage != "prepare":
+                        bars(stage, done, total)
+                        return
+                    if total is not None:
+                        counts.learn(_i, total)
+                    bars(stage, _base + done, counts.total())
 
                 part = stages.prepare(job, tok, [item], [name], image_processor=proc, progress=file_progress,
                                       workers=workers, sink=spill.extend)

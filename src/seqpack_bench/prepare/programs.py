@@ -84,8 +84,12 @@ def _trl_training_template() -> str:
     return (Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja").read_text()
 
 
-def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: Path) -> dict[str, Any]:
+def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: Path,
+                         num_proc: int | None = None) -> dict[str, Any]:
     """TRL's SFT preparation + ``pack_dataset(strategy="bfd")`` + ``to_parquet`` (module docstring).
+
+    ``num_proc`` is TRL's ``dataset_num_proc``: ``SFTTrainer._prepare_dataset`` passes it as ``num_proc`` to
+    every ``Dataset.map``, the tokenizing one and ``pack_dataset``'s (``map_kwargs``); ``None`` or 1 = one process.
 
     Returns:
         ``{"packs", "tokens", "trainable_tokens", "samples", "records", "efficiency"}``: ``samples`` =
@@ -101,6 +105,7 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
     from trl.data_utils import pack_dataset
 
     datasets.disable_progress_bars()
+    map_kwargs = {"num_proc": num_proc} if num_proc and num_proc > 1 else {}
     template = _trl_training_template()
     try:
         records = _read_records(path)
@@ -128,12 +133,12 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
     from jinja2 import TemplateError
 
     try:
-        ds = ds.map(tokenize_fn, remove_columns=ds.column_names)
+        ds = ds.map(tokenize_fn, remove_columns=ds.column_names, **map_kwargs)
     except (TemplateError, KeyError, TypeError, ValueError) as exc:
         raise PrepareDataError(f"TRL path could not apply its chat template to a record of {path} "
                                f"({type(exc).__name__}: {exc})") from None
     ds = ds.select_columns(["input_ids", "labels"])
-    packed = pack_dataset(ds, seq_length, strategy="bfd")
+    packed = pack_dataset(ds, seq_length, strategy="bfd", map_kwargs=map_kwargs)
     packed.to_parquet(str(out_file))
     import pyarrow.compute as pc
 
@@ -147,8 +152,10 @@ def trl_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_file: 
             "records": len(rows), "efficiency": round(tokens / (len(packed) * seq_length), 6)}
 
 
-def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_dir: Path) -> dict[str, Any]:
-    """``seqpack.pipeline.pack_dataset`` (tokenize + plan + build/validate rows + write).
+def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_dir: Path,
+                             num_proc: int | None = None) -> dict[str, Any]:
+    """``seqpack.pipeline.pack_dataset`` (tokenize + plan + build/validate rows + write) with ``num_proc``
+    preparation processes (``None``: pack_dataset's default, the cores available for inputs large enough).
 
     Returns:
         ``{"packs", "tokens", "trainable_tokens", "samples", "efficiency", "timings_s", "report",
@@ -165,7 +172,8 @@ def seqpack_prepare_and_pack(path: Path, tokenizer: Any, seq_length: int, out_di
     from seqpack.pipeline import NothingToPackError, pack_dataset
 
     try:
-        res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True)
+        res = pack_dataset([path], out_dir, tokenizer=tokenizer, seq_length=seq_length, overwrite=True,
+                           num_proc=num_proc)
     except NothingToPackError as exc:  # its "Fix:" names `seqpack pack` options; say what fits here
         reason = str(exc).split(" Fix:")[0].rstrip(".")
         if reason.startswith("no record to pack"):  # an empty file: the data, not a setting

@@ -9,13 +9,34 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from seqpack.data.procs import available_cores
 from seqpack.data.tokenizer import load_tokenizer
 from seqpack_bench.prepare.compare import THINK_NOTE, compare_sides
 from seqpack_bench.prepare.data import (SHARED_FILES, WARMUP_RECORDS, PrepareOptionError, real_datasets,
                                         table_name, write_synthetic_chat)
+from seqpack_bench.prepare.bound import measure_bound, render_texts
 from seqpack_bench.prepare.programs import seqpack_prepare_and_pack, trl_prepare_and_pack
 from seqpack_bench.references import trl_available
-from seqpack_bench.timing import bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
+from seqpack_bench.timing import Timing, bar_chart, ensure_out_dir, print_table, verdict, write_json
+
+#: The preparation goal: seqpack's prepare stage within this factor of the ``encode_batch`` bound.
+BOUND_FACTOR = 1.3
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, Timing]:
+    """Median wall and CPU seconds of ``repeats`` runs of ``fn()``; CPU counts this process and its
+    finished child processes (worker processes of either program), from ``os.times()``."""
+    import statistics
+    import time
+
+    walls, cpus, res = [], [], None
+    for _ in range(repeats):
+        c0, t0 = os.times(), time.perf_counter()
+        res = fn()
+        walls.append(time.perf_counter() - t0)
+        c1 = os.times()
+        cpus.append(sum(c1[:4]) - sum(c0[:4]))
+    return res, Timing(statistics.median(walls), statistics.median(cpus), repeats, walls, cpus)
 
 #: Printed after the verdicts of a ``--quick`` run.
 QUICK_NOTE = ("note: --quick verdicts are informational (fixed start-up costs dominate 2,000 records): the >= 2x "
@@ -34,6 +55,7 @@ def run_prepare(
     tokenizer: Any = "qwen3",
     trl: bool = True,
     quick: bool = False,
+    num_proc: int | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the comparison and write ``prepare.json`` + ``prepare_time.png``.
@@ -54,6 +76,8 @@ def run_prepare(
         out_dir: folder for the JSON/PNG (and a scratch folder ``_prepare_work`` removed at the end).
         tokenizer: name/path for ``load_tokenizer`` or a loaded tokenizer (used by both sides).
         trl: include TRL (skipped with a recorded reason when not importable).
+        num_proc: processes for both programs (seqpack's ``num_proc``, TRL's ``dataset_num_proc``) and
+            threads of the bound; ``None`` = the cores available.
         quick: a ``--quick`` run: each verdict is printed and stored as "quick: informational", then
             :data:`QUICK_NOTE` (the goal is judged on the full run).
         log: one-line progress messages.
@@ -61,8 +85,12 @@ def run_prepare(
     Returns:
         the JSON payload: ``benchmark``, ``seq_length``, ``records``, ``datasets`` (one entry per data
         set with ``seqpack`` and ``trl`` blocks: packs, tokens, trainable_tokens, samples, efficiency,
-        wall_s, cpu_s; plus ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack, and ``comparison`` from
-        :func:`compare_sides`), ``goals``, ``skipped``, ``notes`` (the printed note lines), ``quick``.
+        wall_s, cpu_s (CPU of worker processes included), seqpack ``prepare_s`` (its prepare stage, median);
+        ``bound`` (:func:`~seqpack_bench.prepare.bound.measure_bound`) and ``bound_ratio`` = prepare_s / bound
+        wall; ``speedup_wall``, ``speedup_cpu`` = TRL / seqpack, and ``comparison`` from
+        :func:`compare_sides`), ``num_proc``, ``goals``, ``skipped``, ``notes`` (the printed note lines), ``quick``.
+        Goals: per data set seqpack >= 2x TRL end to end; on the synthetic set (or the largest file) seqpack's
+        prepare stage within :data:`BOUND_FACTOR` of the bound.
 
     Raises:
         PrepareOptionError: nothing to run (no real data and ``records == 0``), ``repeats < 1``, or a
@@ -74,6 +102,7 @@ def run_prepare(
     if repeats < 1:
         raise PrepareOptionError(f"repeats must be >= 1, got {repeats}")
     out_dir = ensure_out_dir(out_dir, option="out_dir")
+    procs = int(num_proc) if num_proc else available_cores()
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     work = Path(tempfile.mkdtemp(prefix="_prepare_work", dir=out_dir))
     skipped: list[dict[str, Any]] = []
@@ -98,25 +127,47 @@ def run_prepare(
         if trl and not has_trl:
             skipped.append({"dataset": "*", "reason": "trl/datasets not importable: TRL side skipped"})
         warm = write_synthetic_chat(work / "warmup_chat.jsonl", WARMUP_RECORDS, seed=1)
+        log(f"{procs} processes per program (seqpack num_proc, TRL dataset_num_proc; bound: {procs} threads)")
         log(f"warm-up (untimed): {WARMUP_RECORDS} synthetic chats, each program once")
         try:
-            seqpack_prepare_and_pack(warm, tok, seq_length, work / "seqpack_out")
+            seqpack_prepare_and_pack(warm, tok, seq_length, work / "seqpack_out", procs)
             if has_trl:
-                trl_prepare_and_pack(warm, tok, seq_length, work / "trl_out.parquet")
+                trl_prepare_and_pack(warm, tok, seq_length, work / "trl_out.parquet", procs)
         except Exception as e:  # noqa: BLE001 - e.g. a seq_length too small for the warm-up chats
             log(f"note: warm-up skipped ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                 "the first timed run carries the one-time costs")
         entries: list[dict[str, Any]] = []
         goals: list[dict[str, Any]] = []
         think_ids = list(tok("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]) if has_trl else []
+        judged = files[-1][0] if records > 0 else max(files, key=lambda f: f[1].stat().st_size)[0]
         for name, path, reps in files:
             log(f"{name}: seqpack x{reps}")
-            sp, t_sp = timed(lambda: seqpack_prepare_and_pack(path, tok, seq_length, work / "seqpack_out"), reps)
+            prep_s: list[float] = []
+
+            def run_seqpack() -> dict[str, Any]:
+                r = seqpack_prepare_and_pack(path, tok, seq_length, work / "seqpack_out", procs)
+                prep_s.append(r["timings_s"]["prepare"])
+                return r
+
+            sp, t_sp = _timed(run_seqpack, reps)
             entry: dict[str, Any] = {"dataset": name, "path": str(path), "repeats": reps,
-                                     "seqpack": {**sp, "wall_s": t_sp.wall_s, "cpu_s": t_sp.cpu_s}}
+                                     "seqpack": {**sp, "wall_s": t_sp.wall_s, "cpu_s": t_sp.cpu_s,
+                                                 "prepare_s": sorted(prep_s)[len(prep_s) // 2]}}
+            log(f"{name}: tokenizers encode_batch bound x{reps} ({procs} threads)")
+            bound = measure_bound(render_texts(path, tok), tok, procs, work / "bound", repeats=reps)
+            entry["bound"] = bound
+            entry["bound_ratio"] = round(entry["seqpack"]["prepare_s"] / bound["wall_s"], 3)
+            goals.append(verdict(
+                f"{name}: seqpack preparation within {BOUND_FACTOR}x of tokenizers' encode_batch of the rendered "
+                f"texts ({procs} processes / threads)", entry["bound_ratio"] <= BOUND_FACTOR,
+                f"{entry['bound_ratio']:.2f}x: prepare stage {entry['seqpack']['prepare_s']:.2f} s vs bound "
+                f"{bound['wall_s']:.2f} s ({bound['tokens']:,} tokens)",
+                informational="quick: informational" if quick else (None if name == judged else "informational: "
+                                                                     "judged on the largest data set")))
             if has_trl:
                 log(f"{name}: TRL x{reps}")
-                tr, t_tr = timed(lambda: trl_prepare_and_pack(path, tok, seq_length, work / "trl_out.parquet"), reps)
+                tr, t_tr = _timed(lambda: trl_prepare_and_pack(path, tok, seq_length, work / "trl_out.parquet", procs),
+                                  reps)
                 entry["trl"] = {**tr, "wall_s": t_tr.wall_s, "cpu_s": t_tr.cpu_s}
                 entry["speedup_wall"] = round(t_tr.wall_s / t_sp.wall_s, 2)
                 entry["speedup_cpu"] = round(t_tr.cpu_s / t_sp.cpu_s, 2)
@@ -139,10 +190,15 @@ def run_prepare(
                 rows.append([short, prog, r["samples"], r["tokens"], r["packs"], r["efficiency"], r["wall_s"], r["cpu_s"],
                              e.get("speedup_wall") if key == "seqpack" else None,
                              e.get("speedup_cpu") if key == "seqpack" else None])
-        print_table(f"prepare: tokenize + pack + write, seq_length={seq_length} (median of repeats; "
-                    "speed-up = TRL time / seqpack time)",
+        print_table(f"prepare: tokenize + pack + write, seq_length={seq_length}, {procs} processes (median of "
+                    "repeats; CPU incl. worker processes; speed-up = TRL time / seqpack time)",
                     ["dataset", "program", "samples", "tokens", "packs", "efficiency", "wall s", "CPU s",
                      "speed-up wall", "speed-up CPU"], rows, text_columns=2)
+        print_table(f"preparation vs the bound: seqpack's prepare stage (read + render + tokenize + labels) vs "
+                    f"tokenizers' encode_batch of the already-rendered texts, {procs} processes / threads",
+                    ["dataset", "tokens", "seqpack prepare s", "bound s", "prepare / bound"],
+                    [[table_name(e["dataset"]), e["bound"]["tokens"], e["seqpack"]["prepare_s"], e["bound"]["wall_s"],
+                      e["bound_ratio"]] for e in entries], text_columns=1)
         notes = [n for e in entries for n in e.get("comparison", {}).get("notes", [])]
         if any(e.get("comparison", {}).get("think_block_tokens") for e in entries):
             notes.append("note: " + THINK_NOTE)
@@ -151,6 +207,7 @@ def run_prepare(
         for line in notes:
             print(line)
         payload = {"benchmark": "prepare", "seq_length": seq_length, "records": records, "repeats": repeats,
+                   "num_proc": procs,
                    "warmup": f"{WARMUP_RECORDS} synthetic chats, each program once, untimed",
                    "quick": quick, "tokenizer": str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
                    getattr(tok, "name_or_path", None), "datasets": entries, "goals": goals, "skipped": skipped,
