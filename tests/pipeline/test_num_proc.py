@@ -120,6 +120,15 @@ def test_automatic_num_proc_starts_workers_only_for_large_inputs(qwen3_tokenizer
             assert sa.labels.tolist() == sb.labels.tolist() == sc.labels.tolist()
 
 
+@pytest.mark.parametrize("cores, want", [(1, 1), (2, 1), (3, 1), (4, 4), (16, 16)])
+def test_automatic_num_proc_uses_workers_only_on_enough_cores(qwen3_tokenizer, monkeypatch, cores, want):
+    import seqpack.data.workers as workers
+
+    monkeypatch.setattr(workers, "available_cores", lambda: cores)
+    assert workers.PreparePool(None, qwen3_tokenizer).num_proc == want
+    assert workers.PreparePool(2, qwen3_tokenizer).num_proc == 2  # an explicit count is kept
+
+
 def test_a_script_without_main_guard_runs_once_with_workers(tmp_path):
     import os
     import subprocess

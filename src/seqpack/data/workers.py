@@ -28,7 +28,7 @@ from seqpack.data.media_root import MediaRoot
 from seqpack.data.procs import WorkerDiedError, WorkerProcesses, available_cores
 from seqpack.data.records import DataFormatError, RawRecord
 
-__all__ = ["AUTO_MIN_RECORDS", "AUTO_MIN_SECONDS", "ChunkSettings", "PreparePool", "WorkerDiedError", "prepare_chunk"]
+__all__ = ["AUTO_MIN_CORES", "AUTO_MIN_RECORDS", "AUTO_MIN_SECONDS", "ChunkSettings", "PreparePool", "WorkerDiedError", "prepare_chunk"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,10 @@ def _worker_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
 AUTO_MIN_RECORDS = 2048
 #: see :data:`AUTO_MIN_RECORDS` (wall seconds of in-process preparation)
 AUTO_MIN_SECONDS = 5.0
+#: ``num_proc=None`` on fewer cores than this prepares in this process only: measured on 2 cores
+#: (2026-12-02, ``seqpack bench prepare --num-proc``), 2 workers used ~1.7x the CPU per record of this
+#: process, whose tokenizer already encodes on both cores.
+AUTO_MIN_CORES = 4
 
 
 class PreparePool:
@@ -135,9 +139,10 @@ class PreparePool:
     Args:
         num_proc: number of worker processes: an integer >= 1 (1 = prepare in this process; > 1 = that
             many processes, started once an input has more than one chunk), or ``None`` = the cores
-            available (:func:`~seqpack.data.procs.available_cores`); records are prepared in this process
-            until :data:`AUTO_MIN_RECORDS` records and :data:`AUTO_MIN_SECONDS` seconds are reached, the
-            rest in the workers (small inputs never start them).
+            available (:func:`~seqpack.data.procs.available_cores`; this process alone on fewer than
+            :data:`AUTO_MIN_CORES`); records are prepared in this process until :data:`AUTO_MIN_RECORDS`
+            records and :data:`AUTO_MIN_SECONDS` seconds are reached, the rest in the workers (small inputs
+            never start them).
         tokenizer: the loaded fast tokenizer (must be picklable when worker processes start).
 
     Raises:
@@ -152,7 +157,8 @@ class PreparePool:
         if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
             raise ValueError(f"num_proc must be None (the cores available) or an integer >= 1, got {num_proc!r}")
         self.auto = num_proc is None
-        self.num_proc = available_cores() if num_proc is None else num_proc
+        cores = available_cores()
+        self.num_proc = (cores if cores >= AUTO_MIN_CORES else 1) if num_proc is None else num_proc
         self.min_records = AUTO_MIN_RECORDS if self.auto else 0
         self.min_seconds = AUTO_MIN_SECONDS if self.auto else 0.0
         self.tokenizer = tokenizer

@@ -130,9 +130,8 @@ class PackJob:
         overwrite, rows_per_shard, validate: writer settings (replace, packs per shard, check rows).
         image_processor: the image processor given for image records, or ``None`` (transformers'
             Qwen2-VL defaults, built when the first image sample is met).
-        num_proc: processes that prepare records in the local engine, or ``None`` (the cores
-            available, once the input is large enough: ``seqpack.data.workers.PreparePool``); not a metadata
-            setting: the output is the same for every value.
+        num_proc: processes that prepare records in the local engine, or ``None`` (automatic:
+            ``seqpack.data.workers.PreparePool``); not a metadata setting (same output for every value).
         media_dir, allow_any_media_path, media_root: the explicit media root or ``None`` (each data file's
             folder), the opt-out of its check, and the folder stored image paths are relative to
             (``seqpack.data.media_root``; in ``metadata.json`` outside the fingerprint).

@@ -152,11 +152,7 @@ def prepare(
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
     if sink is not None:
         return _prepare_into(job, tok, one, items, names, image_processor, progress, text_check, workers, sink)
-    samples, rep = data.prepare(
-        one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
-        train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
-        media_dir=job.media_dir, allow_any_media_path=job.allow_any_media_path,
-    )
+    samples, rep = data.prepare(one, tok.tokenizer, **_read_settings(job, progress, workers))
     if names is not None and len(items) == 1:
         rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
     if text_check is not None:
@@ -165,13 +161,25 @@ def prepare(
     if proc is None and any((s.media or {}).get("images") for s in samples):
         proc = resolve_image_processor(None)
     n_read = len(rep.entries)
-    samples, rep, stats = apply_length_policy(
-        samples, rep, tok.tokenizer, seq_length=job.seq_length, overlength=job.overlength, on_error=job.on_error,
-        image_processor=proc, progress=progress, media_root=job.media_root,
-    )
+    samples, rep, stats = apply_length_policy(samples, rep, tok.tokenizer, image_processor=proc, progress=progress,
+                                              **_policy_settings(job))
     policy = rep.entries[n_read:]
     del rep.entries[n_read:]
     return Prepared(samples, rep, policy, stats, {str(s.source) for s in samples}, proc)
+
+
+def _read_settings(job: PackJob, progress: Any, workers: Any) -> dict[str, Any]:
+    """The job's keywords of ``seqpack.data.prepare`` (both prepare paths): records read and tokenized
+    whole (``seq_length=UNLIMITED``; the length policy comes after), images resolved in the media root."""
+    return dict(seq_length=UNLIMITED, overlength="error", on_error=job.on_error, train_on=job.train_on,
+                format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
+                media_dir=job.media_dir, allow_any_media_path=job.allow_any_media_path)
+
+
+def _policy_settings(job: PackJob) -> dict[str, Any]:
+    """The job's keywords of ``apply_length_policy`` (both prepare paths)."""
+    return dict(seq_length=job.seq_length, overlength=job.overlength, on_error=job.on_error,
+                media_root=job.media_root)
 
 
 def _prepare_into(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any], names: Sequence[str] | None,
@@ -200,10 +208,8 @@ def _prepare_into(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any
             if box["proc"] is None and any((s.media or {}).get("images") for s in batch):
                 box["proc"] = resolve_image_processor(None)
             out, rep, st = apply_length_policy(
-                batch, PrepareReport(), tok.tokenizer, seq_length=job.seq_length, overlength=job.overlength,
-                on_error=job.on_error, image_processor=box["proc"],
-                progress=media_progress if progress is not None else None,
-            )
+                batch, PrepareReport(), tok.tokenizer, image_processor=box["proc"],
+                progress=media_progress if progress is not None else None, **_policy_settings(job))
         except Exception as e:  # noqa: BLE001 - raised after reading, where prepare without a sink raises it
             box["error"] = e
             return
@@ -217,11 +223,7 @@ def _prepare_into(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any
         sources.update(str(s.source) for s in out)
         sink(out)
 
-    _, rep = data.prepare(
-        one, tok.tokenizer, seq_length=UNLIMITED, overlength="error", on_error=job.on_error,
-        train_on=job.train_on, format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
-        sink=on_batch,
-    )
+    _, rep = data.prepare(one, tok.tokenizer, sink=on_batch, **_read_settings(job, progress, workers))
     if box["error"] is not None:
         raise box["error"]
     if rename is not None:
