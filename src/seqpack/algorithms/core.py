@@ -211,7 +211,7 @@ def pack_lengths(
         nb = int(keep.size)
         off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if shuffle_packs and nb > 1:
-        perm = S._rng(seed, 2).permutation(nb)
+        perm = S.pack_order(seed, nb, raw.size)
     else:
         perm = np.arange(nb)
     bins = _FlatPacks((items, off, perm))

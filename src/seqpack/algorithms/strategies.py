@@ -22,6 +22,17 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, stream])
 
 
+def pack_order(seed: int, nb: int, n: int) -> np.ndarray:
+    """The seeded output order of ``nb`` packs of an ``n``-item plan: int64[nb], a uniformly random
+    permutation. Up to PORTFOLIO_ALWAYS_ITEMS items numpy's ``Generator.permutation``; above, a
+    bucketed shuffle (``_kernels.shuffle_buckets``) that stays in cache (millions of packs)."""
+    rng = _rng(seed, 2)
+    if n <= PORTFOLIO_ALWAYS_ITEMS:
+        return rng.permutation(nb)
+    return K.shuffle_buckets(rng.integers(0, 256, nb, dtype=np.uint8),
+                             rng.integers(0, 1 << 32, nb, dtype=np.uint32))
+
+
 def _pack_concatenative(sizes, cap, seed):
     """Next fit in input order: open a new pack when the next sample does not fit. Keeps the
     dataset order; wastes the tail of every pack. O(n). (NeMo-RL/Megatron-Bridge "concatenative".)"""
