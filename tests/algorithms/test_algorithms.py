@@ -624,9 +624,11 @@ def test_slots_to_csr_equals_csr_of_bins(inst):
 def test_pack_order_is_a_seeded_permutation(m, seed, n):
     from seqpack.algorithms import strategies as S
 
-    p = S.pack_order(seed, m, n)
-    assert p.dtype == np.int64 and np.array_equal(np.sort(p), np.arange(m))
-    assert np.array_equal(p, S.pack_order(seed, m, n))
+    loads = np.random.default_rng(seed).integers(1, 100, m)
+    p, lp = S.pack_order(seed, n, loads)
+    assert p.dtype == lp.dtype == np.int64 and np.array_equal(np.sort(p), np.arange(m))
+    assert np.array_equal(lp, loads[p])
+    assert np.array_equal(p, S.pack_order(seed, n, loads)[0])
     if n <= S.PORTFOLIO_ALWAYS_ITEMS:  # small plans keep numpy's permutation (plans unchanged)
         assert np.array_equal(p, S._rng(seed, 2).permutation(m))
 
@@ -637,7 +639,7 @@ def test_pack_order_large_is_uniform():
     # each of 4 elements lands in each of 4 positions ~1/4 of the time (4000 draws: 1000 +- ~27)
     hits = np.zeros((4, 4), np.int64)
     for seed in range(4000):
-        hits[np.arange(4), S.pack_order(seed, 4, 10**6)] += 1
+        hits[np.arange(4), S.pack_order(seed, 10**6, np.zeros(4, np.int64))[0]] += 1
     assert hits.min() > 880 and hits.max() < 1120, hits
 
 

@@ -1318,12 +1318,13 @@ def csr_and_loads(bin_of, nb, sizes):
 
 
 @njit(cache=True)
-def shuffle_buckets(lab, u):
-    """A uniformly random permutation of ``0..m-1`` (Rao-Sandelius 1961): every element goes to the
-    bucket ``lab[i]`` (uint8, uniform in 0..255; buckets keep the element order), then each bucket is
-    shuffled by Fisher-Yates with ``j = (u[t] * (t + 1)) >> 32`` (``u`` uint32[m] uniform). Both
-    passes touch one cache-sized bucket at a time, where an in-place Fisher-Yates over ``m`` > the
-    cache misses it on every swap. Returns int64[m]."""
+def shuffle_buckets(lab, u, vals):
+    """A uniformly random permutation of ``0..m-1`` (Rao-Sandelius 1961) and ``vals`` in its order:
+    every element goes to the bucket ``lab[i]`` (uint8, uniform in 0..255; buckets keep the element
+    order), then each bucket is shuffled by Fisher-Yates with ``j = (u[t] * (t + 1)) >> 32`` (``u``
+    uint32[m] uniform). Both passes touch one cache-sized bucket at a time, where an in-place
+    Fisher-Yates over ``m`` > the cache misses it on every swap. Returns (perm int64[m],
+    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards)."""
     m = lab.shape[0]
     cnt = np.zeros(257, np.int64)
     for i in range(m):
@@ -1332,9 +1333,11 @@ def shuffle_buckets(lab, u):
         cnt[k + 1] += cnt[k]
     pos = cnt[:256].copy()
     out = np.empty(m, np.int64)
+    vout = np.empty(m, np.int64)
     for i in range(m):
         k = lab[i]
         out[pos[k]] = i
+        vout[pos[k]] = vals[i]
         pos[k] += 1
     for k in range(256):
         a = cnt[k]
@@ -1343,4 +1346,7 @@ def shuffle_buckets(lab, u):
             x = out[a + t]
             out[a + t] = out[a + j]
             out[a + j] = x
-    return out
+            y = vout[a + t]
+            vout[a + t] = vout[a + j]
+            vout[a + j] = y
+    return out, vout
