@@ -815,8 +815,19 @@ def size_groups(sizes, cap):
     return cnt, start
 
 
-@njit(cache=True)
 def grouped_best_fit(cnt, start, cap, n):
+    """Best fit decreasing on a size histogram (``_grouped_best_fit_into``, whose docstring has the
+    rule); ``slot`` int32 when ``n < 2**31``, the per-pack arrays from numpy (huge pages on large
+    arrays). Returns (slot int32|int64[n], nb, room int64[nb])."""
+    slot = np.empty(n, np.int32 if n < 2**31 else np.int64)
+    nxt = np.empty(n, np.int64)
+    room = np.empty(n, np.int64)
+    nb = _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room)
+    return slot, nb, room[:nb].copy()
+
+
+@njit(cache=True)
+def _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room):
     """Best fit decreasing on a size histogram, one size group at a time.
 
     For the ``cnt[s]`` items of size ``s`` (sizes descending): the pack with the smallest room
@@ -826,12 +837,9 @@ def grouped_best_fit(cnt, start, cap, n):
     item-by-item best fit decreasing (``best_fit`` over ``desc_order``), in O(n + cap) steps
     (each step places >= 1 item or opens packs) plus O(log64 cap) per bitset update.
 
-    Returns (slot int64[n], nb, room int64[nb]): ``slot[start[s] + t]`` is the pack of the t-th
-    item of size ``s``; packs are numbered in opening order."""
-    slot = np.empty(n, np.int64)
+    Writes ``slot[start[s] + t]``, the pack of the t-th item of size ``s`` (packs numbered in
+    opening order), and ``room[b]`` for b < nb; ``nxt`` int64[n] is scratch. Returns nb."""
     head = np.full(cap + 1, -1, np.int64)
-    nxt = np.empty(n, np.int64)
-    room = np.empty(n, np.int64)
     bits, lo = _bs_new(cap + 1)
     nb = 0
     for s in range(cap, 0, -1):
@@ -877,7 +885,7 @@ def grouped_best_fit(cnt, start, cap, n):
                     _bs_set(bits, lo, r2)
                 nxt[b] = head[r2]
                 head[r2] = b
-    return slot, nb, room[:nb].copy()
+    return nb
 
 
 @njit(cache=True)
