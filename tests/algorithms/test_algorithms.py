@@ -612,7 +612,35 @@ def test_slots_to_csr_equals_csr_of_bins(inst):
     for slot, nb in (K.grouped_best_fit(cnt, start, cap, x.size)[:2], K.grouped_exact_fill(cnt, start, cap, x.size, 8, cap)[:2]):
         off, items = K.slots_to_csr(x, start, slot, nb)
         ref_off, ref_items = K.csr_by_bin(K.slots_to_bins(x, start, slot), nb)
+        assert off.dtype == items.dtype == np.int64
         assert np.array_equal(off, ref_off) and np.array_equal(items, ref_items)
+        # the (item, pack) pair path for inputs whose index and pack rank do not fit 62 bits
+        off2, items2 = K._slots_to_csr_pairs(x, start, slot.astype(np.int64), nb)
+        assert np.array_equal(off2, ref_off) and np.array_equal(items2, ref_items)
+
+
+@settings(deadline=None, max_examples=100)
+@given(m=st.integers(0, 3000), seed=st.integers(0, 2**31 - 1), n=st.sampled_from([10, 10**6]))
+def test_pack_order_is_a_seeded_permutation(m, seed, n):
+    from seqpack.algorithms import strategies as S
+
+    loads = np.random.default_rng(seed).integers(1, 100, m)
+    p, lp = S.pack_order(seed, n, loads)
+    assert p.dtype == lp.dtype == np.int64 and np.array_equal(np.sort(p), np.arange(m))
+    assert np.array_equal(lp, loads[p])
+    assert np.array_equal(p, S.pack_order(seed, n, loads)[0])
+    if n <= S.PORTFOLIO_ALWAYS_ITEMS:  # small plans keep numpy's permutation (plans unchanged)
+        assert np.array_equal(p, S._rng(seed, 2).permutation(m))
+
+
+def test_pack_order_large_is_uniform():
+    from seqpack.algorithms import strategies as S
+
+    # each of 4 elements lands in each of 4 positions ~1/4 of the time (4000 draws: 1000 +- ~27)
+    hits = np.zeros((4, 4), np.int64)
+    for seed in range(4000):
+        hits[np.arange(4), S.pack_order(seed, 10**6, np.zeros(4, np.int64))[0]] += 1
+    assert hits.min() > 880 and hits.max() < 1120, hits
 
 
 @settings(deadline=None, max_examples=100)

@@ -815,8 +815,19 @@ def size_groups(sizes, cap):
     return cnt, start
 
 
-@njit(cache=True)
 def grouped_best_fit(cnt, start, cap, n):
+    """Best fit decreasing on a size histogram (``_grouped_best_fit_into``, whose docstring has the
+    rule); ``slot`` int32 when ``n < 2**31``, the per-pack arrays from numpy (huge pages on large
+    arrays). Returns (slot int32|int64[n], nb, room int64[nb])."""
+    slot = np.empty(n, np.int32 if n < 2**31 else np.int64)
+    nxt = np.empty(n, np.int64)
+    room = np.empty(n, np.int64)
+    nb = _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room)
+    return slot, nb, room[:nb].copy()
+
+
+@njit(cache=True)
+def _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room):
     """Best fit decreasing on a size histogram, one size group at a time.
 
     For the ``cnt[s]`` items of size ``s`` (sizes descending): the pack with the smallest room
@@ -826,12 +837,9 @@ def grouped_best_fit(cnt, start, cap, n):
     item-by-item best fit decreasing (``best_fit`` over ``desc_order``), in O(n + cap) steps
     (each step places >= 1 item or opens packs) plus O(log64 cap) per bitset update.
 
-    Returns (slot int64[n], nb, room int64[nb]): ``slot[start[s] + t]`` is the pack of the t-th
-    item of size ``s``; packs are numbered in opening order."""
-    slot = np.empty(n, np.int64)
+    Writes ``slot[start[s] + t]``, the pack of the t-th item of size ``s`` (packs numbered in
+    opening order), and ``room[b]`` for b < nb; ``nxt`` int64[n] is scratch. Returns nb."""
     head = np.full(cap + 1, -1, np.int64)
-    nxt = np.empty(n, np.int64)
-    room = np.empty(n, np.int64)
     bits, lo = _bs_new(cap + 1)
     nb = 0
     for s in range(cap, 0, -1):
@@ -877,7 +885,7 @@ def grouped_best_fit(cnt, start, cap, n):
                     _bs_set(bits, lo, r2)
                 nxt[b] = head[r2]
                 head[r2] = b
-    return slot, nb, room[:nb].copy()
+    return nb
 
 
 @njit(cache=True)
@@ -895,8 +903,19 @@ def _fillable(w, left, smin, vmax, v, j):
     return ((w + vmax - 1) // vmax) * smin <= w
 
 
-@njit(cache=True)
 def grouped_exact_fill(cnt, start, cap, n, tries, target):
+    """Greedy knapsack with look-ahead on a size histogram (``_grouped_exact_fill_into``, whose
+    docstring has the rule). ``slot`` is int32 when ``n < 2**31`` (half the memory traffic of the
+    later passes) and allocated by numpy, which asks the kernel for huge pages on large arrays
+    (the size-grouped slot reads of :func:`slots_to_csr` touch ~cap pages at once). Returns
+    (slot int32|int64[n], nb, loads int64[nb])."""
+    slot = np.empty(n, np.int32 if n < 2**31 else np.int64)
+    nb, loads = _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot)
+    return slot, nb, loads
+
+
+@njit(cache=True)
+def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
     """Greedy knapsack with look-ahead on a size histogram: one pack at a time, the largest
     remaining item first, then repeatedly the largest that fits, taking as many copies at once as
     fit; a step that would leave a rest room no remaining sizes can close (``_fillable``) takes one
@@ -910,14 +929,14 @@ def grouped_exact_fill(cnt, start, cap, n, tries, target):
 
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
     O(tries * log64 cap) at worst. Returns (slot int64[n], nb, loads int64[nb]) in the
-    :func:`grouped_best_fit` layout (``slot[start[s] + t]`` = pack of the t-th item of size s)."""
+    :func:`grouped_best_fit` layout (``slot[start[s] + t]`` = pack of the t-th item of size s),
+    written into ``slot`` (int[n], filled here); returns (nb, loads int64[nb])."""
     left = cnt.copy()
     used = np.zeros(cap + 1, np.int64)
     bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
     for v in range(1, cap + 1):
         if left[v] > 0:
             _bs_set(bits, lo, cap - v)
-    slot = np.empty(n, np.int64)
     loads = np.empty(n, np.int64)
     nb = 0
     placed = 0
@@ -994,7 +1013,7 @@ def grouped_exact_fill(cnt, start, cap, n, tries, target):
             load += j * v
             placed += j
         loads[b] = load
-    return slot, nb, loads[:nb].copy()
+    return nb, loads[:nb].copy()
 
 
 @njit(cache=True)
@@ -1011,16 +1030,70 @@ def slots_to_bins(sizes, start, slot):
     return bin_of
 
 
-@njit(cache=True)
 def slots_to_csr(sizes, start, slot, nb):
     """(offsets int64[nb+1], items int64[n]) straight from size-grouped slots: the items of pack b
     are ``items[offsets[b]:offsets[b+1]]`` in ascending index (the t-th item of size s is in
     pack ``slot[start[s] + t]``). Equals ``csr_by_bin(slots_to_bins(...), nb)``.
 
-    O(n) in two stable passes: items are first partitioned by ``pack >> shift`` into <= 256 pack
-    ranges (256 sequential write streams), then each range is scattered into its own few
-    kilobytes of ``items``; a direct scatter over ``nb`` packs misses the cache on every item
-    once the packs outgrow it."""
+    O(n + nb) in three passes over the items: pack sizes from ``slot`` (sequential), then a stable
+    partition of the item indices by ``pack >> shift`` into <= 256 pack ranges (256 sequential
+    write streams of one int64 each: the pack's rank in its range above the item index), then
+    each range is scattered into its own few kilobytes of ``items``; a direct scatter over ``nb``
+    packs misses the cache on every item once the packs outgrow it. The large arrays are
+    allocated by numpy (huge pages where the kernel allows: the size-grouped reads of ``slot``
+    touch ~cap pages at once, which 4 KiB pages make a TLB miss per item)."""
+    n = sizes.shape[0]
+    off = np.empty(nb + 1, np.int64)
+    items = np.empty(n, np.int64)
+    if n == 0:
+        off[:] = 0
+        return off, items
+    ibits = max(1, int(n - 1).bit_length())
+    shift = max(0, int(nb - 1).bit_length() - 8)
+    if ibits + shift <= 62:
+        tmp = np.empty(n, np.int64)
+        _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items)
+        return off, items
+    return _slots_to_csr_pairs(sizes, start, slot, nb)
+
+
+@njit(cache=True)
+def _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items):
+    """:func:`slots_to_csr` for ``ibits + shift <= 62``: ``tmp[q] = (b - (k << shift)) << ibits | i``."""
+    n = sizes.shape[0]
+    off[:] = 0
+    for p in range(n):
+        off[slot[p] + 1] += 1
+    for b in range(nb):
+        off[b + 1] += off[b]
+    nbk = ((nb - 1) >> shift) + 1
+    bpos = np.empty(nbk, np.int64)
+    for k in range(nbk):
+        bpos[k] = off[k << shift]
+    ptr = start.copy()
+    mask = (np.int64(1) << ibits) - 1
+    for i in range(n):
+        s = sizes[i]
+        b = np.int64(slot[ptr[s]])
+        ptr[s] += 1
+        k = b >> shift
+        q = bpos[k]
+        tmp[q] = ((b - (k << shift)) << ibits) | i
+        bpos[k] = q + 1
+    pos = off[:-1].copy()
+    for k in range(nbk):
+        base = k << shift
+        hi = off[min(nb, (k + 1) << shift)]
+        for q in range(off[base], hi):
+            t = tmp[q]
+            b = base + (t >> ibits)
+            items[pos[b]] = t & mask
+            pos[b] += 1
+
+
+@njit(cache=True)
+def _slots_to_csr_pairs(sizes, start, slot, nb):
+    """:func:`slots_to_csr` with (item, pack) pairs, for inputs too large to pack both in 62 bits."""
     n = sizes.shape[0]
     shift = 0
     while ((nb - 1) >> shift) >= 256:
@@ -1250,3 +1323,38 @@ def csr_and_loads(bin_of, nb, sizes):
         items[pos[b]] = i
         pos[b] += 1
     return off, items, loads
+
+
+@njit(cache=True)
+def shuffle_buckets(lab, u, vals):
+    """A uniformly random permutation of ``0..m-1`` (Rao-Sandelius 1961) and ``vals`` in its order:
+    every element goes to the bucket ``lab[i]`` (uint8, uniform in 0..255; buckets keep the element
+    order), then each bucket is shuffled by Fisher-Yates with ``j = (u[t] * (t + 1)) >> 32`` (``u``
+    uint32[m] uniform). Both passes touch one cache-sized bucket at a time, where an in-place
+    Fisher-Yates over ``m`` > the cache misses it on every swap. Returns (perm int64[m],
+    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards)."""
+    m = lab.shape[0]
+    cnt = np.zeros(257, np.int64)
+    for i in range(m):
+        cnt[lab[i] + 1] += 1
+    for k in range(256):
+        cnt[k + 1] += cnt[k]
+    pos = cnt[:256].copy()
+    out = np.empty(m, np.int64)
+    vout = np.empty(m, np.int64)
+    for i in range(m):
+        k = lab[i]
+        out[pos[k]] = i
+        vout[pos[k]] = vals[i]
+        pos[k] += 1
+    for k in range(256):
+        a = cnt[k]
+        for t in range(cnt[k + 1] - a - 1, 0, -1):
+            j = (np.uint64(u[a + t]) * np.uint64(t + 1)) >> np.uint64(32)
+            x = out[a + t]
+            out[a + t] = out[a + j]
+            out[a + j] = x
+            y = vout[a + t]
+            vout[a + t] = vout[a + j]
+            vout[a + j] = y
+    return out, vout

@@ -211,7 +211,7 @@ def pack_lengths(
         nb = int(keep.size)
         off, items, loads = K.csr_and_loads(bin_of, nb, padded)
     if shuffle_packs and nb > 1:
-        perm = S._rng(seed, 2).permutation(nb)
+        perm, loads = S.pack_order(seed, raw.size, loads)
     else:
         perm = np.arange(nb)
     bins = _FlatPacks((items, off, perm))
@@ -221,7 +221,7 @@ def pack_lengths(
         num_bins=nb,
         lower_bound=-(-total_pad // capacity),
         utilization=float(raw.sum()) / (nb * capacity),
-        bin_loads=loads[perm],
+        bin_loads=loads,
         algorithm=algo,
         capacity=capacity,
         pad_to_multiple_of=multiple,

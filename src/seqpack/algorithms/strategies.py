@@ -22,6 +22,21 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, stream])
 
 
+def pack_order(seed: int, n: int, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded output order of the packs of an ``n``-item plan, ``loads`` int64[nb] their loads:
+    ``(perm int64[nb], loads[perm])``, ``perm`` a uniformly random permutation. Up to
+    PORTFOLIO_ALWAYS_ITEMS items numpy's ``Generator.permutation``; above, a bucketed shuffle
+    (``_kernels.shuffle_buckets``) that stays in cache (millions of packs)."""
+    rng = _rng(seed, 2)
+    nb = loads.size
+    if n <= PORTFOLIO_ALWAYS_ITEMS:
+        perm = rng.permutation(nb)
+        return perm, loads[perm]
+    return K.shuffle_buckets(rng.integers(0, 256, nb, dtype=np.uint8),
+                             rng.integers(0, 1 << 32, nb, dtype=np.uint32),
+                             np.ascontiguousarray(loads, dtype=np.int64))
+
+
 def _pack_concatenative(sizes, cap, seed):
     """Next fit in input order: open a new pack when the next sample does not fit. Keeps the
     dataset order; wastes the tail of every pack. O(n). (NeMo-RL/Megatron-Bridge "concatenative".)"""
