@@ -217,9 +217,9 @@ BAD_RECORDS = [
     ({"conversations": []}, "empty_conversation", "remove the record"),
     ({"conversations": [{"from": "human", "value": "q"}]}, "no_assistant_turn", "add an assistant turn"),
     ({"conversations": [{"from": "robot", "value": "q"}, {"from": "gpt", "value": "a"}]}, "unknown_role", "robot"),
-    ({"conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "a"}]}, "bad_content_type", "int"),
+    ({"conversations": [{"from": "human", "value": 5}, {"from": "gpt", "value": "a"}]}, "bad_content_type", "a JSON number"),
     ({"messages": [{"role": "user", "content": {"x": 1}}, {"role": "assistant", "content": "a"}]},
-     "bad_content_type", "dict"),
+     "bad_content_type", "a JSON object"),
     ({"instruction": ["x"], "output": "y"}, "bad_content_type", "'instruction'"),
 ]
 
@@ -453,3 +453,21 @@ def test_tool_schema_parameters_must_be_an_object(tool, message):
     assert ei.value.reason == "bad_tools"
     ok = {**rec, "tools": [{"name": "f", "parameters": {"type": "object", "properties": {"x": {"default": 1.5}}}}]}
     assert norm(ok, "openai").tools[0]["function"]["name"] == "f"
+
+
+def test_template_errors_name_the_jsonl_line(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "d.jsonl"
+    good = json.dumps({"instruction": "a", "output": "b"})
+    lone = '{"instruction": "x \\ud83d y", "output": "b"}'  # a JSON escape of half a UTF-16 pair
+    p.write_text(good + "\n" + lone + "\n", encoding="utf-8")
+    with pytest.raises(DataFormatError) as ei:
+        prepare(p, qwen3_tokenizer, seq_length=64)
+    assert (ei.value.reason, ei.value.line, ei.value.index) == ("bad_encoding", 2, 1)
+    assert f"{p}, line 2: the text holds a lone surrogate" in str(ei.value)
+
+
+def test_type_errors_use_json_words():
+    with pytest.raises(DataFormatError, match="'messages' is a JSON number, expected a list"):
+        norm({"messages": 5}, "openai")
+    with pytest.raises(DataFormatError, match="is a JSON number, expected a string"):
+        norm({"instruction": "a", "output": "b", "input": 3}, "alpaca")

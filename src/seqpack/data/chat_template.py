@@ -210,7 +210,7 @@ def render_conversation(
         raise DataFormatError(
             f"the chat template does not render {' or '.join(missing)}, so they would be lost silently.",
             source=conv.source,
-            index=conv.index,
+            index=conv.index, line=conv.line,
             reason="template_unsupported",
             fix="use a tokenizer whose chat template supports tool use, or drop the tool fields from the data.",
         )
@@ -222,7 +222,7 @@ def render_conversation(
         raise DataFormatError(
             f"the chat template failed on this record: {e}",
             source=conv.source,
-            index=conv.index,
+            index=conv.index, line=conv.line,
             reason="template_error",
             fix="make the record fit the template (e.g. role order), or skip it with on_error='skip'.",
         ) from e
@@ -230,7 +230,7 @@ def render_conversation(
         raise DataFormatError(
             f"apply_chat_template returned {type(text).__name__}, expected str.",
             source=conv.source,
-            index=conv.index,
+            index=conv.index, line=conv.line,
             reason="template_error",
         )
     try:
@@ -240,7 +240,7 @@ def render_conversation(
             f"the text holds a lone surrogate {text[e.start]!r} (half of a UTF-16 pair, not a character), which no "
             f"tokenizer can encode; near {text[max(0, e.start - 30):e.start]!r}.",
             source=conv.source,
-            index=conv.index,
+            index=conv.index, line=conv.line,
             reason="bad_encoding",
             fix="repair the text (the file was probably written from UTF-16 data, e.g. a JSON escape \\ud83d "
             "without its pair), or remove the record; on_error='skip' skips and reports it.",
@@ -249,7 +249,7 @@ def render_conversation(
 
     def span_mismatch(k: int, what: str, fix: str) -> DataFormatError:
         return DataFormatError(
-            f"assistant message {k}: {what}", source=conv.source, index=conv.index,
+            f"assistant message {k}: {what}", source=conv.source, index=conv.index, line=conv.line,
             reason="template_span_mismatch", fix=fix,
         )
 

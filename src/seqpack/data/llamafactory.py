@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from seqpack.data.records import DataFormatError, RawRecord
+from seqpack.data.records import DataFormatError, RawRecord, json_kind
 
 __all__ = ["DATASET_INFO_FILE", "LlamaFactorySource", "is_dataset_info", "read_dataset_info"]
 
@@ -145,7 +145,7 @@ def entry_attributes(entry: str, obj: Any, src: str) -> dict[str, Any]:
     """The attributes LLaMA-Factory's ``get_dataset_list`` gives entry ``obj`` (``DatasetAttr`` fields and
     values), after checking every key; raises :class:`DataFormatError` naming the entry and the key."""
     if not isinstance(obj, dict):
-        raise _refuse(src, entry, entry, f"the entry is a {type(obj).__name__}, expected an object.",
+        raise _refuse(src, entry, entry, f"the entry is {json_kind(obj)}, expected an object.",
                       "make every entry an object such as {\"file_name\": \"data.json\"}.")
     for key in obj:
         if key not in _KEYS:
@@ -164,7 +164,7 @@ def entry_attributes(entry: str, obj: Any, src: str) -> dict[str, Any]:
     for group, names, defaults in (("columns", _COLUMNS, _COLUMN_DEFAULTS), ("tags", _TAGS, _TAG_DEFAULTS)):
         given = obj.get(group)
         if group in obj and not isinstance(given, dict):
-            raise _refuse(src, entry, group, f"is a {type(given).__name__}, expected an object.", f"make {group} an object.")
+            raise _refuse(src, entry, group, f"is {json_kind(given)}, expected an object.", f"make {group} an object.")
         for k in (given or {}):
             if k not in names:
                 raise _refuse(src, entry, f"{group}.{k}", "unknown key (LLaMA-Factory would ignore it).",
@@ -172,7 +172,7 @@ def entry_attributes(entry: str, obj: Any, src: str) -> dict[str, Any]:
         for k in names:
             v = given.get(k) if group in obj else defaults.get(k)
             if v is not None and not isinstance(v, str):
-                raise _refuse(src, entry, f"{group}.{k}", f"is a {type(v).__name__}, expected a string.",
+                raise _refuse(src, entry, f"{group}.{k}", f"is {json_kind(v)}, expected a string.",
                               "give the column / tag name as a string.")
             attrs[k] = v
     _check_supported(entry, attrs, src)
@@ -236,7 +236,7 @@ class _Bad(Exception):
 
 def _column(rec: Any, col: str, key: str, required: bool = False) -> Any:
     if not isinstance(rec, dict):
-        raise _Bad(f"record is a {type(rec).__name__}, expected an object.", "unknown_format", "store records as objects.")
+        raise _Bad(f"record is {json_kind(rec)}, expected an object.", "unknown_format", "store records as objects.")
     if required and col not in rec:
         raise _Bad(f"record has no column {col!r} (columns.{key}); its keys: {sorted(rec)[:12]}.", "missing_key",
                    f"give every record the column {col!r}, or map columns.{key} to the column holding it.")
@@ -266,7 +266,7 @@ def _alpaca(rec: Any, a: dict[str, Any]) -> dict[str, Any]:
 def _sharegpt(rec: Any, a: dict[str, Any]) -> dict[str, Any]:
     turns = _column(rec, a["messages"], "messages", True)
     if not isinstance(turns, list):
-        raise _Bad(f"column {a['messages']!r} is a {type(turns).__name__}, expected a list of turns.",
+        raise _Bad(f"column {a['messages']!r} is {json_kind(turns)}, expected a list of turns.",
                    "bad_content_type", "make it a list of turns.")
     role, content = a["role_tag"], a["content_tag"]
     if any(not isinstance(t, dict) for t in turns):

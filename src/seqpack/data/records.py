@@ -71,6 +71,19 @@ def _rebuild_data_format_error(cls, message, kwargs):
     return cls(message, **kwargs)
 
 
+def json_kind(value: Any) -> str:
+    """A parsed JSON value's type in JSON's words, with its article, for messages: ``"a JSON number"``,
+    ``"a JSON array"``, ``"JSON null"`` ... (other Python objects: ``"a <type name>"``)."""
+    if value is None:
+        return "JSON null"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    if isinstance(value, (int, float)):
+        return "a JSON number"
+    kind = {str: "string", list: "array", dict: "object"}.get(type(value))
+    return f"a JSON {kind}" if kind else f"a {type(value).__name__}"
+
+
 @dataclass
 class Conversation:
     """One normalised chat record.
@@ -85,6 +98,7 @@ class Conversation:
         index: 0-based record index in ``source`` (JSONL: line number - 1).
         id: the record's own ``id`` field if it has one, else ``None``.
         format: the detected / forced format name.
+        line: 1-based line number for JSONL inputs, else ``None`` (errors name it, as for raw records).
     """
 
     messages: list[dict[str, Any]]
@@ -94,6 +108,7 @@ class Conversation:
     index: int | None = None
     id: str | None = None
     format: str = ""
+    line: int | None = None
 
 
 @dataclass

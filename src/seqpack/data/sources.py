@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from seqpack.data.llamafactory import LlamaFactorySource, is_dataset_info, read_dataset_info
-from seqpack.data.records import DataFormatError, RawRecord
+from seqpack.data.records import DataFormatError, RawRecord, json_kind
 
 __all__ = [
     "InMemoryRecords",
@@ -229,7 +229,7 @@ def iter_records(item: Any, on_count: Callable[[int], None] | None = None) -> It
             on_count(len(data))
         if not isinstance(data, list):
             raise DataFormatError(
-                f"top-level JSON value is a {type(data).__name__}, expected an array of records.",
+                f"top-level JSON value is {json_kind(data)}, expected an array of records.",
                 source=src,
                 reason="unknown_format",
                 fix="store the records as a JSON array [{...}, {...}] or as JSONL.",

@@ -20,7 +20,7 @@ from seqpack.data.formats.llava import has_images, record_images
 from seqpack.data.formats.openai import from_openai
 from seqpack.data.formats.sharegpt import from_sharegpt
 from seqpack.data.media_root import MediaRoot
-from seqpack.data.records import IMAGE_PLACEHOLDER, Conversation, DataFormatError, RawRecord
+from seqpack.data.records import Conversation, DataFormatError, IMAGE_PLACEHOLDER, RawRecord, json_kind
 from seqpack.data.sources import InMemoryRecords, expand_inputs, iter_records, strip_arrow_nulls
 
 __all__ = [
@@ -79,7 +79,7 @@ def normalize_record(raw: RawRecord, format: str | None = None, media: MediaRoot
     rec = raw.data
     if not isinstance(rec, dict):
         raise ctx.err(
-            f"record is a {type(rec).__name__}, expected a JSON object.",
+            f"record is {json_kind(rec)}, expected a JSON object.",
             "unknown_format",
             "each record must be an object such as {\"messages\": [...]} or {\"instruction\": ..., \"output\": ...}.",
         )
@@ -124,6 +124,7 @@ def normalize_record(raw: RawRecord, format: str | None = None, media: MediaRoot
         index=raw.index,
         id=None if rid is None else str(rid),
         format=fmt,
+        line=raw.line,
     )
 
 

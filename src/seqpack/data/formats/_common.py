@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from seqpack.data.media_root import MediaRoot
-from seqpack.data.records import DataFormatError, RawRecord
+from seqpack.data.records import DataFormatError, RawRecord, json_kind
 
 
 def _get(d: dict, *keys: str) -> Any:
@@ -41,7 +41,7 @@ def _text(value: Any, ctx: _Ctx, what: str) -> str:
     if isinstance(value, str):
         return value
     raise ctx.err(
-        f"{what} is a {type(value).__name__}, expected a string.",
+        f"{what} is {json_kind(value)}, expected a string.",
         "bad_content_type",
         f"make {what} a string.",
     )
@@ -132,7 +132,7 @@ def _arguments(args: Any, ctx: _Ctx, where: str) -> dict:
             ) from None
     if not isinstance(parsed, dict):
         raise ctx.err(
-            f"{where} is a JSON {_json_kind(parsed)}, not an object.",
+            f"{where} is {json_kind(parsed)}, not an object.",
             "bad_tool_call",
             "tool-call arguments must be a JSON object mapping parameter names to values; repair or remove the "
             "record (on_error='skip' skips and reports it).",
@@ -146,15 +146,6 @@ def _arguments(args: Any, ctx: _Ctx, where: str) -> dict:
             "(on_error='skip' skips and reports it).",
         )
     return parsed
-
-
-def _json_kind(v: Any) -> str:
-    """JSON's name for a parsed value's type (``array``, ``string``, ``number`` ...)."""
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {list: "array", str: "string", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _append_assistant_calls(msgs: list[dict], calls: list[dict]) -> None:
@@ -179,7 +170,7 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list):
-        raise ctx.err(f"'tools' is a {type(tools).__name__}, expected a list.", "bad_tools", "make 'tools' a list.")
+        raise ctx.err(f"'tools' is {json_kind(tools)}, expected a list.", "bad_tools", "make 'tools' a list.")
     out = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict):
@@ -200,7 +191,7 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
         params = fn.get("parameters") if isinstance(fn, dict) else None
         if params is not None and not isinstance(params, dict):
             raise ctx.err(
-                f"tools[{i}] ({fn.get('name')!r}).parameters is a JSON {_json_kind(params)}, not an object.",
+                f"tools[{i}] ({fn.get('name')!r}).parameters is {json_kind(params)}, not an object.",
                 "bad_tools",
                 'a function schema\'s "parameters" is a JSON Schema object, e.g. {"type": "object", '
                 '"properties": {...}}; repair or remove the record (on_error=\'skip\' skips and reports it).',

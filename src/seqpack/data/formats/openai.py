@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqpack.data.formats._common import _Ctx, _get, _text, _tool_calls_from_json
-from seqpack.data.records import IMAGE_PLACEHOLDER
+from seqpack.data.records import IMAGE_PLACEHOLDER, json_kind
 
 __all__ = ["from_openai"]
 
@@ -20,7 +20,7 @@ def from_openai(rec: dict, ctx: _Ctx) -> list[dict]:
     raw_msgs = rec.get("messages")
     if not isinstance(raw_msgs, list):
         raise ctx.err(
-            f"'messages' is a {type(raw_msgs).__name__}, expected a list of {{role, content}}.",
+            f"'messages' is {json_kind(raw_msgs)}, expected a list of {{role, content}}.",
             "bad_content_type",
             "make 'messages' a list.",
         )
@@ -76,7 +76,7 @@ def _content_parts(content: Any, ctx: _Ctx, where: str) -> tuple[str, list[str],
         return content, [], []
     if not isinstance(content, list):
         raise ctx.err(
-            f"{where} is a {type(content).__name__}, expected a string or a list of typed parts.",
+            f"{where} is {json_kind(content)}, expected a string or a list of typed parts.",
             "bad_content_type",
             "make content a string or a list like [{\"type\": \"text\", \"text\": ...}].",
         )

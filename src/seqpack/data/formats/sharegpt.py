@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from seqpack.data.formats._common import _append_assistant_calls, _Ctx, _get, _text, _tool_calls_from_json
+from seqpack.data.records import json_kind
 
 __all__ = ["from_sharegpt"]
 
@@ -31,7 +32,7 @@ def from_sharegpt(rec: dict, ctx: _Ctx) -> list[dict]:
     turns = rec.get("conversations")
     if not isinstance(turns, list):
         raise ctx.err(
-            f"'conversations' is a {type(turns).__name__}, expected a list of {{from, value}} turns.",
+            f"'conversations' is {json_kind(turns)}, expected a list of {{from, value}} turns.",
             "bad_content_type",
             "make 'conversations' a list.",
         )
