@@ -41,7 +41,7 @@ import numpy as np
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm, lower_bound_l1, lower_bound_l2, pack_lengths
 from seqpack_bench import references as ref
-from seqpack_bench.algorithms_mixes import run_mixes
+from seqpack_bench.algorithms_mixes import run_mixes, seqpacker_speed_verdict
 from seqpack_bench.timing import Timing, bar_chart, ensure_out_dir, print_table, timed, verdict, write_json
 
 __all__ = ["lognormal_lengths", "run_algorithms", "display_name", "skip_line", "DEFAULT_SIZES", "QUICK_SIZES",
@@ -100,16 +100,8 @@ def _seqpacker_goals(n: int, base: dict[str, Any], rows: list[dict[str, Any]],
     goals = [verdict(f"n={n:,}: seqpack default packs <= seqpacker's fewest packs", base["bins"] <= fewest["bins"],
                      f"{base['bins']} vs {fewest['bins']} ({fewest['program']})", informational=informational)]
     label = f"n={n:,}: seqpack default >= 2x faster than the fastest seqpacker strategy of <= its packs (CPU)"
-    peers = [r for r in rows if r["bins"] <= base["bins"]]
-    if not peers:
-        goals.append(verdict(label, True, f"no seqpacker strategy reaches {base['bins']} packs (fewest: "
-                                          f"{fewest['bins']}, {fewest['program']})", informational=informational))
-        return goals
-    fast = min(peers, key=lambda r: r["cpu_s"])
-    ratio = fast["cpu_s"] / max(base["cpu_s"], 1e-9)
-    goals.append(verdict(label, ratio >= 2.0, f"{fast['program']} {fast['cpu_s']:.4f} s / seqpack {base['cpu_s']:.4f} s "
-                                              f"= {ratio:.2f}x ({fast['bins']} vs {base['bins']} packs; interleaved, "
-                                              f"median of {base['repeats']})", informational=informational))
+    goals.append(seqpacker_speed_verdict(label, base, rows, informational,
+                                         note=f"; interleaved, median of {base['repeats']}"))
     return goals
 
 
