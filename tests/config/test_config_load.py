@@ -85,6 +85,25 @@ def test_unknown_key_did_you_mean(tmp_path):
     assert str(p) in str(ei.value)
 
 
+def test_an_unknown_or_mistyped_key_does_not_hide_the_rule_violations():
+    base = {"seq_length": 1000, "context_parallel_size": 2, "pad_to_multiple_of": 3}
+    want = {v.rule for v in PackingConfig.from_dict(base).violations()}
+    assert {"seq_length_divisible", "cp_loss_settings"} <= want
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({**base, "bogus_key": 1})
+    vs = ei.value.violations
+    assert vs[0].keys == ("bogus_key",) and {v.rule for v in vs[1:]} == want
+    # a rule about a key that failed the schema, or that a typo was meant to set, would judge a default
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({"seq_lenght": 1000, "context_parallel_size": 2, "pad_to_multiple_of": 3})
+    rules = [v.rule for v in ei.value.violations]
+    assert rules[0] == "schema" and "seq_length_divisible" not in rules and "cp_loss_settings" in rules
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({"seq_length": "abc", "context_parallel_size": 2, "pad_seq_to_mult": 3})
+    rules = [v.rule for v in ei.value.violations]
+    assert rules[0] == "schema" and "seq_length_divisible" not in rules and "cp_loss_settings" in rules
+
+
 def test_bad_algorithm_lists_enum_values():
     with pytest.raises(ConfigValidationError) as ei:
         PackingConfig.from_dict({"algorithm": "first_fit_decreassing"})

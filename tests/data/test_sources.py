@@ -126,6 +126,29 @@ def test_invalid_utf8_in_json_array_names_line(tmp_path, qwen3_tokenizer):
     assert (ei.value.reason, ei.value.line) == ("bad_encoding", 2) and "byte 0xe9" in str(ei.value)
 
 
+@pytest.mark.parametrize("encoding,named,iconv", [
+    ("utf-16", "UTF-16", "UTF-16"), ("utf-16-le", "UTF-16-LE", "UTF-16LE"), ("utf-16-be", "UTF-16-BE", "UTF-16BE"),
+    ("utf-32", "UTF-32", "UTF-32"),
+])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_utf16_or_utf32_file_is_one_error_naming_its_encoding(tmp_path, qwen3_tokenizer, encoding, named,
+                                                               iconv, suffix):
+    p = tmp_path / f"d{suffix}"
+    text = (json.dumps(GOOD) + "\n") * 3 if suffix == ".jsonl" else json.dumps([GOOD] * 3)
+    p.write_text(text, encoding=encoding)
+    for on_error in ("raise", "skip"):  # a whole-file problem: never 3 (or 0) "bad records"
+        with pytest.raises(DataFormatError) as ei:
+            prepare(p, qwen3_tokenizer, seq_length=64, on_error=on_error)
+        e = ei.value
+        assert (e.reason, e.line, e.source) == ("bad_encoding", None, str(p))
+        assert f"is {named} text; seqpack reads UTF-8 only" in str(e)
+        assert f"iconv -f {iconv} -t UTF-8 {p.name}" in e.fix and "latin1" not in str(e)
+    converted = tmp_path / f"ok{suffix}"
+    converted.write_text(p.read_text(encoding=encoding), encoding="utf-8")  # the fix, done as the message says
+    samples, rep = prepare(converted, qwen3_tokenizer, seq_length=64)
+    assert rep.records_read == 3 and len(samples) == 3
+
+
 # ---------------------------------------------------------------- 6. duplicate inputs, same names
 
 

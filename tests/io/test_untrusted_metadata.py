@@ -69,6 +69,76 @@ def test_edited_settings_fail_verify(packed, tmp_path, key, value):
         load_packed(ds, verify=True)
 
 
+def _edit_nested(ds, path, value):
+    p = ds / "metadata.json"
+    d = json.loads(p.read_text())
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    p.write_text(json.dumps(d, indent=2))
+
+
+def test_the_written_digests_are_recomputable(packed):
+    from seqpack.io.fingerprint import metadata_digest, sha256_file
+
+    meta = load_packed(packed, verify=True).metadata
+    assert meta.metadata_sha256 == metadata_digest(meta) == metadata_digest(json.loads((packed / "metadata.json").read_text()))
+    assert meta.report_sha256 == sha256_file(packed / "report.jsonl")
+
+
+@pytest.mark.parametrize("path,value", [
+    (("counts", "samples_packed"), 1), (("counts", "dropped"), {"too_long": 3}), (("columns",), ["input_ids"]),
+    (("seqpack_version",), "0.0.1"), (("packing_efficiency",), 0.999), (("num_packs",), None),
+    (("extra", "note"), "edited"), (("hand_added_key",), 1), (("created_at",), "2020-01-01T00:00:00Z"),
+    (("inputs",), []),
+])
+def test_edited_informational_keys_fail_verify(packed, tmp_path, path, value):
+    ds = _copy(packed, tmp_path)
+    if path == ("num_packs",):  # keep it schema-valid and equal to the shards' rows: only the digest can tell
+        d = json.loads((ds / "metadata.json").read_text())
+        value = d["num_packs"]
+        path = ("lower_bound",)
+        value = d["lower_bound"] - 1
+    _edit_nested(ds, path, value)
+    load_packed(ds)  # schema-valid: opens without verification
+    with pytest.raises(PackedDatasetError, match="edited after packing") as e:
+        load_packed(ds, verify=True)
+    assert "Re-pack" in str(e.value)
+
+
+def test_only_the_engine_section_is_outside_the_digest(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    _edit_nested(ds, ("extra", "engine"), {"name": "ray", "workers": 2})
+    assert load_packed(ds, verify=True).metadata.extra["engine"]["name"] == "ray"
+
+
+def test_an_edited_or_missing_report_fails_verify(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    with open(ds / "report.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"sample_id": "x", "action": "dropped", "reason": "invented"}\n')
+    with pytest.raises(PackedDatasetError, match="report.jsonl was edited after packing"):
+        load_packed(ds, verify=True)
+    (ds / "report.jsonl").unlink()
+    with pytest.raises(PackedDatasetError, match="report.jsonl is missing"):
+        load_packed(ds, verify=True)
+
+
+def test_a_dataset_without_the_digests_is_not_called_verified(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    p = ds / "metadata.json"
+    d = json.loads(p.read_text())
+    del d["metadata_sha256"], d["report_sha256"]  # as an older seqpack wrote it
+    p.write_text(json.dumps(d))
+    assert load_packed(ds).metadata.num_packs == d["num_packs"]  # an older dataset still reads
+    with pytest.raises(PackedDatasetError, match="no metadata_sha256.*older seqpack.*re-pack"):
+        load_packed(ds, verify=True)
+    d["metadata_sha256"] = json.loads((packed / "metadata.json").read_text())["metadata_sha256"]
+    p.write_text(json.dumps(d))  # a removed report_sha256 is an edit like any other
+    with pytest.raises(PackedDatasetError, match="edited after packing"):
+        load_packed(ds, verify=True)
+
+
 @pytest.mark.parametrize("key,value,named", [
     ("seq_length", "4096", "seq_length"),
     ("seq_length", 0, "seq_length"),

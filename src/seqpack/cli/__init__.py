@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from importlib.metadata import entry_points
 
@@ -55,6 +56,16 @@ def load_plugins(target: typer.Typer = app, group: str = PLUGIN_GROUP) -> list[s
     return added
 
 
+class _NoTorchNotice:
+    """A ``logging`` filter dropping transformers' import-time notice "PyTorch was not found. Models won't
+    be available ...": the CLI's packing needs only the tokenizer, so on a minimal install (no torch) the
+    notice is noise on every run. Nothing else transformers logs is touched."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+logging.getLogger("transformers").addFilter(_NoTorchNotice())  # before a plugin or command imports it
 load_plugins(app)
 
 

@@ -59,7 +59,7 @@ def pack(
         None, help="JSON/JSONL/Parquet/Arrow files or globs, datasets save_to_disk folders, LLaMA-Factory "
         "dataset_info.json files. None: the embedded sample_chat.jsonl demo data."
     ),
-    output: Optional[Path] = typer.Option(
+    output: Optional[str] = typer.Option(
         None, "--output", "-o", help="Dataset directory to create (required unless --config sets packed_dataset_path)."
     ),
     config: Optional[Path] = typer.Option(
@@ -278,7 +278,8 @@ def inspect(
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
     as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
     verify: bool = typer.Option(
-        False, "--verify", help="Also check every shard's sha256 against metadata.json (reads every shard once)."
+        False, "--verify", help="Also check every shard's sha256 against metadata.json, and metadata.json / report.jsonl against "
+        "their recorded hashes (reads every shard once)."
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
@@ -288,7 +289,8 @@ def inspect(
     try:
         ds = load_packed(path, verify=verify)
         if verify and not as_json:
-            _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s)", highlight=False)
+            _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s), metadata.json and report.jsonl",
+                       highlight=False)
         if as_json:
             typer.echo(ds.metadata.to_json(), nl=False)
             return

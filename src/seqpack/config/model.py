@@ -10,7 +10,6 @@ ranges; :meth:`PackingConfig.validate` checks the cross-key rules and raises ONE
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +31,7 @@ from seqpack.config.options import (
 from seqpack.config.packed_data import PackedDataCheck, check_packed_data, pack_options
 from seqpack.config.registry import ModelFamily, load_registry
 from seqpack.config.rules import run_rules
+from seqpack.config.schema import schema_and_rule_violations
 from seqpack.padding import compute_pad_multiple
 
 __all__ = ["ALGORITHM_VALUES", "TRAIN_ON_VALUES", "AttentionBackend", "PackedDataCheck", "PackingConfig",
@@ -321,7 +321,7 @@ class PackingConfig(BaseModel):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as e:
-            raise ConfigValidationError(_schema_violations(e), source=source) from None
+            raise ConfigValidationError(schema_and_rule_violations(cls, data, e), source=source) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PackingConfig:
@@ -377,23 +377,3 @@ def _parse_file(p: Path, loads: Any, error: type[Exception], kind: str) -> Any:
             [Violation("parse", ("<file>",), f"not valid {kind}: {e}", f"fix the {kind} syntax at the line shown")],
             source=str(p),
         ) from None
-
-
-def _schema_violations(err: ValidationError) -> list[Violation]:
-    fields = list(PackingConfig.model_fields)
-    out = []
-    for e in err.errors():
-        key = ".".join(str(x) for x in e.get("loc", ())) or "<root>"
-        if e.get("type") == "packing_flags_exclusive":
-            out.append(Violation("packing_modes_exclusive", ("packing", "packed_sequence", "pack_sequences_in_batch"),
-                                 e.get("msg", ""), "choose one packing mode: `packing: offline` (micro_batch_size 1) "
-                                 "or `packing: in_batch` (micro_batch_size > 1)"))
-        elif e.get("type") == "extra_forbidden":
-            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
-            fix = f"did you mean {close[0]!r}?" if close else "remove it; `seqpack recipe qwen3_sft` shows the known keys"
-            out.append(Violation("schema", (key,), f"unknown config key {key!r}", fix))
-        else:
-            msg = e.get("msg", "invalid value")
-            out.append(Violation("schema", (key,), f"{msg} (got {e.get('input')!r})",
-                                 f"give {key} a valid value"))
-    return out

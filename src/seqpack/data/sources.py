@@ -289,9 +289,27 @@ def strip_arrow_nulls(value: Any) -> Any:
     return value
 
 
+def _refuse_wide_encoding(path: Path, head: bytes) -> None:
+    """Refuse a UTF-16 / UTF-32 file (``head``: its first 4 bytes) as one whole-file error, before its NUL
+    bytes make every line look like a bad record. The encoding is told by the BOM or, without one, by the
+    NUL-byte pattern of the first ASCII characters (RFC 4627, section 3; ``json.detect_encoding``)."""
+    enc = json.detect_encoding(head) if len(head) >= 2 else "utf-8"
+    if enc.replace("-sig", "") == "utf-8":
+        return
+    iconv = enc.upper().replace("-LE", "LE").replace("-BE", "BE")  # iconv's names: UTF-16, UTF-16LE, ...
+    raise DataFormatError(
+        f"is {enc.upper()} text; seqpack reads UTF-8 only.",
+        source=str(path),
+        reason="bad_encoding",
+        fix=f"convert it: `iconv -f {iconv} -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}` "
+        f"(or in Python: `open(out, 'w', encoding='utf-8').write(open(src, encoding='{enc}').read())`).",
+    )
+
+
 def _decode_whole(path: Path) -> str:
     """Read a whole text file as UTF-8 (a leading BOM is dropped); bad bytes raise with line/column."""
     data = path.read_bytes()
+    _refuse_wide_encoding(path, data[:4])
     if data.startswith(_BOM):
         data = data[len(_BOM):]
     try:
@@ -326,6 +344,8 @@ def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
     so bad UTF-8 or bad JSON on one line makes only that record carry an ``error``."""
     src = str(path)
     with open(path, "rb") as f:
+        _refuse_wide_encoding(path, f.read(4))
+        f.seek(0)
         for lineno, raw_line in enumerate(f, start=1):
             if lineno == 1 and raw_line.startswith(_BOM):
                 raw_line = raw_line[len(_BOM):]

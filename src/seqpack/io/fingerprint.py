@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping
 
-from seqpack.io.metadata import PackedDatasetError
+from seqpack.io.metadata import REPORT_FILE, PackedDatasetError, _json_default
 
 __all__ = ["FINGERPRINT_SETTINGS", "sha256_file", "describe_input", "compute_fingerprint", "fingerprint_settings",
-           "recompute_fingerprint", "verify_fingerprint"]
+           "recompute_fingerprint", "verify_fingerprint", "metadata_digest", "verify_metadata"]
 
 #: The ``metadata.json`` keys that enter the fingerprint as settings (every one changes the packed output).
 #: The packing job writes exactly these (``PackJob.metadata_settings``); verification reads them back.
@@ -131,3 +131,60 @@ def verify_fingerprint(p: Path, meta: Any) -> None:
             f"{p}: metadata.json's settings do not match its fingerprint (stored {meta.fingerprint[:16]}..., the "
             f"settings give {want[:16]}...): seq_length, the pad multiple, the CP size or another setting was "
             "edited after packing, so the rows may not be what the metadata says. Re-pack the data")
+
+
+#: Keys of ``metadata.json`` outside :func:`metadata_digest`: the digest itself, the derived
+#: ``capacity`` (= ``seq_length``) and the engine's own informational section (``extra["engine"]``,
+#: which is all a Ray-packed dataset's metadata has that the local engine's has not).
+_OUTSIDE_DIGEST = ("metadata_sha256", "capacity")
+
+
+def metadata_digest(metadata: Any) -> str:
+    """The sha256 of every key of a ``PackedMetadata`` (or its ``to_dict()``) except ``metadata_sha256``,
+    ``capacity`` and ``extra["engine"]``, as canonical JSON (sorted keys, no whitespace).
+
+    The writer stores it as ``metadata_sha256``; :func:`verify_metadata` recomputes it, so an edit to any
+    key, informational ones included (``counts``, ``columns``, ``extra``, ``seqpack_version``, the packing
+    statistics), is found. A key added by hand lands in ``extra`` when read and changes the digest too.
+    """
+    d = metadata if isinstance(metadata, Mapping) else metadata.to_dict()
+    doc = {k: v for k, v in d.items() if k not in _OUTSIDE_DIGEST}
+    extra = dict(doc.get("extra") or {})
+    extra.pop("engine", None)
+    doc["extra"] = extra
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def verify_metadata(p: Path, meta: Any) -> None:
+    """Refuse a dataset folder ``p`` whose ``metadata.json`` (read as ``meta``) or ``report.jsonl`` was
+    edited after packing: the settings against the fingerprint (:func:`verify_fingerprint`), every other
+    key against ``metadata_sha256`` (:func:`metadata_digest`) and the report's bytes against
+    ``report_sha256``. The shards are checked by their own sha256 (``seqpack.io.cache.check_shard``).
+
+    Raises:
+        PackedDatasetError: naming what differs and the fix (re-pack; or ``verify=False`` to read a
+            dataset written before seqpack recorded these hashes).
+    """
+    verify_fingerprint(p, meta)
+    older = ("it was written by an older seqpack that did not record it; re-pack the data to verify it, "
+             "or load it without verify")
+    if not meta.metadata_sha256:
+        raise PackedDatasetError(f"{p}: metadata.json has no metadata_sha256, so its other keys cannot be verified: {older}")
+    want = metadata_digest(meta)
+    if want != meta.metadata_sha256:
+        raise PackedDatasetError(
+            f"{p}: metadata.json was edited after packing: its keys give sha256 {want[:16]}..., metadata_sha256 "
+            f"says {meta.metadata_sha256[:16]}... (counts, columns, statistics, extra or another key changed). "
+            "Re-pack the data")
+    report = p / REPORT_FILE
+    if meta.report_sha256 is None:
+        raise PackedDatasetError(f"{p}: metadata.json has no report_sha256, so {REPORT_FILE} cannot be verified: {older}")
+    if not report.is_file() or report.is_symlink():
+        raise PackedDatasetError(f"{p}: {REPORT_FILE} is missing (or a link); metadata.json records one. Re-pack the data")
+    got = sha256_file(report)
+    if got != meta.report_sha256:
+        raise PackedDatasetError(
+            f"{report} was edited after packing (sha256 {got[:16]}..., metadata.json says "
+            f"{meta.report_sha256[:16]}...): the list of dropped/skipped/truncated records is not the packer's. "
+            "Re-pack the data")

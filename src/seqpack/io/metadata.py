@@ -91,6 +91,9 @@ class PackedMetadata:
         packing_efficiency, packing_factor, max_samples_per_bin, dataset_max_seqlen,
         min_packed_seqlen: packing statistics (``min_packed_seqlen`` = fewest real tokens in a pack).
         fingerprint: sha256 of the inputs' contents + every setting above that changes the output.
+        report_sha256: sha256 of ``report.jsonl``.
+        metadata_sha256: sha256 of every other key (``seqpack.io.fingerprint.metadata_digest``), so
+            ``load_packed(verify=True)`` finds an edit to any of them.
         inputs: ``[{path, bytes, sha256}]`` for every input.
         shards: the Parquet shards, in row order.
         columns: the column names stored per row.
@@ -138,6 +141,8 @@ class PackedMetadata:
     created_at: str = ""
     media: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    report_sha256: str | None = None
+    metadata_sha256: str | None = None
 
     @property
     def capacity(self) -> int:
@@ -250,7 +255,7 @@ _METADATA_BOUNDS = {
     **{k: {"ge": 0} for k in ("pad_token_id", "num_packs", "lower_bound", "max_samples_per_bin",
                               "dataset_max_seqlen", "min_packed_seqlen", "packing_factor")},
     "packing_efficiency": {"ge": 0.0, "le": 1.0},
-    "fingerprint": {"pattern": _HASH},
+    **{k: {"pattern": _HASH} for k in ("fingerprint", "report_sha256", "metadata_sha256")},
 }
 
 _MODEL = None

@@ -174,10 +174,13 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
     Raises:
         NotADirectoryError: a parent of ``output`` is a file.
         PermissionError: the nearest existing parent is not writable.
+        ValueError: ``output`` is an empty string.
         FileExistsError: ``output`` is a file or a mount point; an existing seqpack dataset and
             ``overwrite`` is False; a dataset holding files seqpack did not write (named, never
             deleted); a non-empty directory that is not a seqpack dataset (never deleted).
     """
+    if not str(output).strip():  # Path("") is Path("."): an empty --output would mean the current folder
+        raise ValueError(f"output {str(output)!r} is empty; pass the dataset folder to create, e.g. --output packed")
     out = Path(output)
     check_location(out)
     if not out.exists():

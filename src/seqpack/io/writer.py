@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack import __version__
-from seqpack.io.fingerprint import sha256_file
+from seqpack.io.fingerprint import metadata_digest, sha256_file
 from seqpack.io.metadata import check_metadata
 from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
 from seqpack.io.metadata import (
@@ -282,6 +282,8 @@ class PackedWriter:
                     f.write(json.dumps(d, ensure_ascii=False, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            metadata.report_sha256 = sha256_file(rep)
+            metadata.metadata_sha256 = metadata_digest(metadata)
             meta_tmp = self.tmp / (METADATA_FILE + ".partial")
             with open(meta_tmp, "w", encoding="utf-8") as f:
                 f.write(metadata.to_json())

@@ -203,8 +203,8 @@ class PackJob:
             raise PackConfigError(f"algorithm={algorithm!r}: {e}") from None
         _check_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
         num_proc = _check_num_proc(num_proc)
-        output = Path(output)
         check_output_dir(output, overwrite)
+        output = Path(output)
         proc = None
         if image_processor is not None or min_pixels is not None or max_pixels is not None:
             proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
