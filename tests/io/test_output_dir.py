@@ -55,6 +55,29 @@ def test_overwrite_refuses_and_names_files_seqpack_did_not_write(tmp_path):
     assert json.loads((out / "metadata.json").read_text())["seq_length"] == 256
 
 
+@pytest.mark.parametrize("name", ["report.jsonl", "metadata.json", "data/shard-00000.parquet", "chats.jsonl"])
+def test_an_input_inside_the_output_folder_is_refused_before_anything_is_written(tmp_path, name):
+    from seqpack.pipeline.job import sample_data_path
+
+    out = tmp_path / "ds"
+    _pack(out)
+    inp = out / name
+    if name != "metadata.json":  # the user's chats saved under one of seqpack's names (or their own)
+        inp.write_bytes(sample_data_path().read_bytes())
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(inp)
+    for given in (inp, link):  # through a link too
+        with pytest.raises(FileExistsError) as e:
+            pack_dataset(given, output=str(out), overwrite=True, progress=None, seq_length=512)
+        if name == "chats.jsonl":  # a file seqpack did not write: refused as a stranger first
+            assert "files seqpack did not write (chats.jsonl)" in str(e.value)
+        else:
+            assert f"input {given} is inside the output folder {out}" in str(e.value)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not _hidden(tmp_path)
+
+
 def test_overwrite_replaces_a_clean_dataset_and_its_cache(tmp_path):
     from seqpack import load_packed
 

@@ -12,14 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.cli.app import app, fail, load_config, print_violations
-from seqpack.config.errors import case_label
 from seqpack.config import (
     ConfigValidationError,
-    PackingConfig,
     get_family,
     list_families,
     list_recipes,
-    load_recipe,
     recipe_descriptions,
     recipe_text,
 )

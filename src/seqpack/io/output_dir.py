@@ -30,6 +30,7 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any, Iterable
 
 from seqpack.io.metadata import (
     DATA_DIR,
@@ -42,6 +43,7 @@ from seqpack.io.metadata import (
 __all__ = [
     "LEFTOVER_KINDS",
     "SEQPACK_ENTRIES",
+    "check_inputs_outside",
     "check_location",
     "check_output_dir",
     "fsync_dir",
@@ -168,8 +170,33 @@ def check_location(out: Path) -> None:
             f"output path, which a mount point cannot take. Use a folder inside it, e.g. --output {out / 'packed'}")
 
 
-def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse an output location that must not be written (call it before any data is read).
+def check_inputs_outside(output: Path, inputs: Iterable[Any]) -> None:
+    """Refuse inputs that lie inside the output folder: publishing the new dataset replaces the folder's
+    seqpack-named files (``report.jsonl``, ``metadata.json``, ``data/*``) and a stranger file blocks
+    ``--overwrite``, so such an input would be destroyed or the run refused only after all the work.
+    ``inputs``: paths, or objects with a ``path`` / ``info_path`` (``LlamaFactorySource``); others are
+    in-memory data and ignored. Compared after ``realpath`` (links into the folder count).
+
+    Raises:
+        FileExistsError: naming every input inside ``output`` and the fix.
+    """
+    root = os.path.realpath(output)
+    inside = []
+    for item in inputs:
+        for p in (item,) if isinstance(item, (str, os.PathLike)) else (getattr(item, "path", None),
+                                                                     getattr(item, "info_path", None)):
+            if isinstance(p, (str, os.PathLike)) and Path(os.path.realpath(p)).is_relative_to(root):
+                inside.append(str(p))
+    if inside:
+        shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+        raise FileExistsError(
+            f"input {shown} is inside the output folder {output}; writing the dataset there would replace or "
+            "delete it. Move the input out of the folder, or choose another --output")
+
+
+def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse an output location that must not be written (call it before any data is read); returns
+    ``output`` as a ``Path``.
 
     Raises:
         NotADirectoryError: a parent of ``output`` is a file.
@@ -184,11 +211,11 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
     out = Path(output)
     check_location(out)
     if not out.exists():
-        return
+        return out
     if not out.is_dir():
         raise FileExistsError(f"output {out} exists and is a file, not a directory; choose another --output")
     if not any(out.iterdir()):
-        return
+        return out
     if (out / METADATA_FILE).is_file():
         if not overwrite:
             raise FileExistsError(
@@ -203,7 +230,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> None:
                 "replaces only seqpack's own files and never deletes yours. Move them out of the folder, or "
                 "choose another --output"
             )
-        return
+        return out
     raise FileExistsError(
         f"output {out} is a non-empty directory that is not a seqpack packed dataset (no "
         f"{METADATA_FILE}); refusing to delete it even with --overwrite. Choose another --output or "

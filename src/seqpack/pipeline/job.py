@@ -27,7 +27,7 @@ from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
-from seqpack.io.output_dir import check_output_dir
+from seqpack.io.output_dir import check_inputs_outside, check_output_dir
 from seqpack.padding import check_seq_length, compute_pad_multiple
 
 __all__ = [
@@ -193,7 +193,7 @@ class PackJob:
 
         Raises:
             PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
-            FileExistsError: ``output`` exists and ``overwrite`` is False.
+            FileExistsError: ``output`` exists and ``overwrite`` is False, or an input lies inside it.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """
         m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
@@ -203,8 +203,7 @@ class PackJob:
             raise PackConfigError(f"algorithm={algorithm!r}: {e}") from None
         _check_policies(overlength=overlength, on_error=on_error, train_on=train_on, format=format)
         num_proc = _check_num_proc(num_proc)
-        check_output_dir(output, overwrite)
-        output = Path(output)
+        output = check_output_dir(output, overwrite)
         proc = None
         if image_processor is not None or min_pixels is not None or max_pixels is not None:
             proc = resolve_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -213,6 +212,7 @@ class PackJob:
         except ValueError as e:
             raise PackConfigError(str(e)) from None
         items = dedupe_inputs(_input_list(inputs), log)
+        check_inputs_outside(output, items)
         return cls(
             inputs=tuple(items), output=output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algo,
             pad_to_multiple_of=pad_to_multiple_of, context_parallel_size=context_parallel_size, pad_multiple=m,
