@@ -18,3 +18,11 @@ def trained_runs(labels: np.ndarray) -> list[list[int]]:
         runs[-1].append(int(labels[p]))
         prev = p
     return runs
+
+
+def llava_record(image, user: str = "<image>What is this?", answer: str = "A red square.") -> dict:
+    """A LLaVA-style record (``conversations`` human/gpt turns) with ``image`` set unless it is None."""
+    r = {"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}
+    if image is not None:
+        r["image"] = image
+    return r

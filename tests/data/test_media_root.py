@@ -24,6 +24,7 @@ from seqpack.data.media_root import MediaRoot, resolve_stored_image, stored_imag
 from seqpack.data.records import DataFormatError, RawRecord
 from seqpack.io import PackedDatasetError, PackedMetadata, load_packed, write_packed
 from seqpack.pipeline import PackConfigError, pack_dataset
+from _helpers import llava_record
 
 SMALL = {"max_pixels": 64 * 28 * 28, "min_pixels": 4 * 28 * 28}
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -49,11 +50,7 @@ def bomb_png(path: Path, width: int, height: int) -> Path:
     return path
 
 
-def _rec(image, user="<image>What is this?", answer="A red square."):
-    r = {"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}
-    if image is not None:
-        r["image"] = image
-    return r
+_rec = llava_record
 
 
 @pytest.fixture()

@@ -14,6 +14,7 @@ from seqpack.cli import app
 from seqpack.data.media import VisionTokens, collate_media
 from seqpack.io import PackedDatasetError, load_packed, write_packed
 from seqpack.pipeline import PackConfigError, pack_dataset
+from _helpers import llava_record
 
 SMALL = {"max_pixels": 64 * 28 * 28, "min_pixels": 4 * 28 * 28}  # short image runs, fast tests
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -148,10 +149,7 @@ def _llava(tmp_path: Path, records: list[dict], name="d.json") -> Path:
 
 
 def _rec(image, answer="A cat sitting on a mat.", user="<image>What is this?"):
-    r = {"conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": answer}]}
-    if image is not None:
-        r["image"] = image
-    return r
+    return llava_record(image, user=user, answer=answer)
 
 
 @pytest.fixture()
