@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from seqpack import pack_dataset
+from seqpack.cli import app
 from seqpack.io import output_dir
 from seqpack.io.output_dir import check_output_dir, publish_dir, remove_leftovers, stranger_entries
 
@@ -132,7 +134,14 @@ def test_output_that_is_a_link_is_refused_naming_its_target(tmp_path):
 def test_an_output_name_too_long_for_the_temp_names_is_refused_before_reading(tmp_path):
     with pytest.raises(OSError, match="choose an --output name of at most"):
         check_output_dir(tmp_path / ("o" * 245), overwrite=False)
+    for n in (256, 300, 5000):  # over the file system's own limit: the same message, never a raw errno
+        with pytest.raises(OSError, match=f"its name is {n} characters.*at most"):
+            check_output_dir(tmp_path / ("o" * n), overwrite=False)
+    with pytest.raises(OSError, match="a folder name in it is longer than the file system takes"):
+        check_output_dir(tmp_path / ("p" * 300) / "out", overwrite=False)
     check_output_dir(tmp_path / ("o" * 200), overwrite=False)
+    res = CliRunner().invoke(app, ["pack", "--output", str(tmp_path / ("o" * 300)), "--quiet"])
+    assert res.exit_code == 1 and type(res.exception) is SystemExit and "at most" in res.output
 
 
 def test_a_leftover_that_is_a_link_is_unlinked_not_followed(tmp_path):

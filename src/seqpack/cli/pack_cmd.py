@@ -6,6 +6,7 @@ message and exit with code 2 (invalid settings) or 1 (data / file problems), wit
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 from pathlib import Path
@@ -39,6 +40,8 @@ def _user_error_code(exc: BaseException) -> int | None:
         return 1
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
+        return 1
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # an --output name too long
         return 1
     return None
 

@@ -132,12 +132,24 @@ def stranger_entries(output: str | os.PathLike) -> list[str]:
 def check_location(out: Path) -> None:
     """The parent chain of ``out`` must lead to a directory this process can create entries in; ``out``
     must not be a symbolic link and its name must leave room for the hidden sibling names
-    (:func:`temp_name`) within the file system's name limit."""
-    if out.is_symlink():
-        raise FileExistsError(
-            f"output {out} is a symbolic link (to {os.readlink(out)}); seqpack publishes a dataset by renaming a "
-            f"finished folder onto the output path, which would replace the link itself. Pass the link's target "
-            f"as the output: --output {os.path.realpath(out)}")
+    (:func:`temp_name`) within the file system's name limit.
+
+    Raises:
+        FileExistsError: ``out`` is a symbolic link or a mount point.
+        NotADirectoryError / PermissionError: its nearest existing parent is a file / not writable.
+        OSError: (``ENAMETOOLONG``) its name, with the hidden siblings' suffix, or a folder name in the path
+            is longer than the file system takes; the message says how long a name may be.
+    """
+    try:
+        _check_location(out)
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG or e.filename is None:  # ours carry the message already
+            raise
+        raise OSError(errno.ENAMETOOLONG, f"cannot write the output {out}: a folder name in it is longer than the "
+                      "file system takes (ENAMETOOLONG); choose a shorter --output") from None
+
+
+def _check_location(out: Path) -> None:
     parent = out.absolute().parent
     probe = parent
     while not probe.exists():
@@ -164,6 +176,11 @@ def check_location(out: Path) -> None:
             f"writes beside it (.NAME.spill-PID-ID) need {longest - len(out.name)} more, over this file system's "
             f"limit of {name_max}; choose an --output name of at most {name_max - (longest - len(out.name))} "
             "characters")
+    if out.is_symlink():
+        raise FileExistsError(
+            f"output {out} is a symbolic link (to {os.readlink(out)}); seqpack publishes a dataset by renaming a "
+            f"finished folder onto the output path, which would replace the link itself. Pass the link's target "
+            f"as the output: --output {os.path.realpath(out)}")
     if out.exists() and out.is_dir() and os.path.ismount(out):
         raise FileExistsError(
             f"output {out} is a mount point; seqpack publishes a dataset by renaming a finished folder onto the "
