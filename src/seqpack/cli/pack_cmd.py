@@ -281,8 +281,8 @@ def inspect(
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
     as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
     verify: bool = typer.Option(
-        False, "--verify", help="Also check every shard's sha256 against metadata.json, and metadata.json / report.jsonl against "
-        "their recorded hashes (reads every shard once)."
+        False, "--verify", help="Also check every shard's sha256 against metadata.json, and metadata.json / "
+        "report.jsonl against their recorded hashes (reads every shard once)."
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""

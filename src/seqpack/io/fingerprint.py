@@ -123,19 +123,15 @@ def verify_fingerprint(p: Path, meta: Any) -> None:
     Raises:
         PackedDatasetError: no fingerprint stored, or the recomputed one differs.
     """
-    if not meta.fingerprint:
-        raise PackedDatasetError(f"{p}: metadata.json has no fingerprint; cannot verify its settings. Re-pack the data")
-    want = recompute_fingerprint(meta)
-    if want != meta.fingerprint:
-        raise PackedDatasetError(
-            f"{p}: metadata.json's settings do not match its fingerprint (stored {meta.fingerprint[:16]}..., the "
-            f"settings give {want[:16]}...): seq_length, the pad multiple, the CP size or another setting was "
-            "edited after packing, so the rows may not be what the metadata says. Re-pack the data")
+    _check_recorded(p, "fingerprint", meta.fingerprint, lambda: recompute_fingerprint(meta),
+                    f"{p}: metadata.json's settings do not match its fingerprint: seq_length, the pad multiple, "
+                    "the CP size or another setting was edited after packing, so the rows may not be what the "
+                    "metadata says")
 
 
-#: Keys of ``metadata.json`` outside :func:`metadata_digest`: the digest itself, the derived
-#: ``capacity`` (= ``seq_length``) and the engine's own informational section (``extra["engine"]``,
-#: which is all a Ray-packed dataset's metadata has that the local engine's has not).
+#: Keys of ``metadata.json`` outside :func:`metadata_digest` (besides the engine's own informational
+#: section ``extra["engine"]``, which is all a Ray-packed dataset's metadata has that the local engine's
+#: has not): the digest itself and the derived ``capacity`` (= ``seq_length``).
 _OUTSIDE_DIGEST = ("metadata_sha256", "capacity")
 
 
@@ -167,24 +163,29 @@ def verify_metadata(p: Path, meta: Any) -> None:
             dataset written before seqpack recorded these hashes).
     """
     verify_fingerprint(p, meta)
-    older = ("it was written by an older seqpack that did not record it; re-pack the data to verify it, "
-             "or load it without verify")
-    if not meta.metadata_sha256:
-        raise PackedDatasetError(f"{p}: metadata.json has no metadata_sha256, so its other keys cannot be verified: {older}")
-    want = metadata_digest(meta)
-    if want != meta.metadata_sha256:
-        raise PackedDatasetError(
-            f"{p}: metadata.json was edited after packing: its keys give sha256 {want[:16]}..., metadata_sha256 "
-            f"says {meta.metadata_sha256[:16]}... (counts, columns, statistics, extra or another key changed). "
-            "Re-pack the data")
+    _check_recorded(p, "metadata_sha256", meta.metadata_sha256, lambda: metadata_digest(meta),
+                    f"{p}: metadata.json was edited after packing (counts, columns, statistics, extra or another key)")
     report = p / REPORT_FILE
-    if meta.report_sha256 is None:
-        raise PackedDatasetError(f"{p}: metadata.json has no report_sha256, so {REPORT_FILE} cannot be verified: {older}")
-    if not report.is_file() or report.is_symlink():
-        raise PackedDatasetError(f"{p}: {REPORT_FILE} is missing (or a link); metadata.json records one. Re-pack the data")
-    got = sha256_file(report)
-    if got != meta.report_sha256:
+
+    def report_sha256() -> str:
+        if not report.is_file() or report.is_symlink():
+            raise PackedDatasetError(f"{p}: {REPORT_FILE} is missing (or a link); metadata.json records one. "
+                                     "Re-pack the data")
+        return sha256_file(report)
+
+    _check_recorded(p, "report_sha256", meta.report_sha256, report_sha256,
+                    f"{report} was edited after packing: the list of dropped/skipped/truncated records is not the "
+                    "packer's")
+
+
+def _check_recorded(p: Path, key: str, stored: str | None, compute: Any, edited: str) -> None:
+    """The one comparison of a hash ``metadata.json`` records (``key``, value ``stored``) with the one
+    ``compute()`` gives now; ``edited`` is the message's start when they differ."""
+    if not stored:
         raise PackedDatasetError(
-            f"{report} was edited after packing (sha256 {got[:16]}..., metadata.json says "
-            f"{meta.report_sha256[:16]}...): the list of dropped/skipped/truncated records is not the packer's. "
-            "Re-pack the data")
+            f"{p}: metadata.json has no {key}, so it cannot be verified: it was written by an older seqpack that "
+            "did not record it; re-pack the data to verify it, or load it without verify")
+    got = compute()
+    if got != stored:
+        raise PackedDatasetError(f"{edited} (metadata.json's {key} is {stored[:16]}..., the data now give "
+                                 f"{got[:16]}...). Re-pack the data")

@@ -316,7 +316,8 @@ def load_packed(
             is never followed).
         verify: also hash every shard and compare with the sha256 recorded in ``metadata.json``
             (detects same-size corruption), and check ``metadata.json`` and ``report.jsonl`` against the
-            fingerprint, ``metadata_sha256`` and ``report_sha256`` (``seqpack.io.fingerprint.verify_metadata``). Cost: reads and hashes every shard once in full (hashlib
+            fingerprint, ``metadata_sha256`` and ``report_sha256`` (``seqpack.io.fingerprint.verify_metadata``).
+            Cost: reads and hashes every shard once in full (hashlib
             sha256 measured 0.95-1.9 GB/s on one core of the 2-core dev box, 256 MiB in memory; disk
             reads come on top), so it is off by default; ``seqpack inspect --verify`` turns it on.
         load_media: image-text datasets: recompute ``pixel_values`` for every segment's images on
