@@ -199,24 +199,34 @@ class PackedWriter:
         remove_leftovers(self.output)
         self.tmp = temp_name(self.output, "tmp")
         (self.tmp / DATA_DIR).mkdir(parents=True)
-        self._buf: dict[str, list] = {c: [] for c in COLUMNS}
-        self._buf_tokens = 0
+        self._buf: dict[str, list] = {c: [] for c in COLUMNS}  # rows of the row group being filled
+        self._shard: pq.ParquetWriter | None = None  # the open shard (rows written as row groups)
+        self._shard_rows = 0
+        self._shard_tokens = 0
         self.shards: list[ShardInfo] = []
         self.num_rows = 0
         self._done = False
 
     # -- rows -----------------------------------------------------------------------------------
     def write(self, row: Any) -> None:
-        """Append one pack (a :class:`~seqpack.packed.PackedSequence` or duck-typed equivalent)."""
+        """Append one pack (a :class:`~seqpack.packed.PackedSequence` or duck-typed equivalent).
+
+        Memory: one row group (``row_group_size`` packs) is held at a time; each full group is written
+        to the open shard, so a shard's bytes equal those of one ``pyarrow.parquet.write_table`` of all
+        its rows with the same ``row_group_size``.
+        """
         if self._done:
             raise RuntimeError("writer already finalized or aborted")
         cols = _row_arrays(row)
         for k, v in cols.items():
             self._buf[k].append(v)
         self.num_rows += 1
-        self._buf_tokens += len(cols["input_ids"])
+        self._shard_rows += 1
+        self._shard_tokens += len(cols["input_ids"])
+        if len(self._buf["input_ids"]) >= self.row_group_size:
+            self._write_group()
         # a shard closes at rows_per_shard rows, or earlier for very long rows (32-bit list offsets)
-        if len(self._buf["input_ids"]) >= self.rows_per_shard or self._buf_tokens >= _MAX_SHARD_TOKENS:
+        if self._shard_rows >= self.rows_per_shard or self._shard_tokens >= _MAX_SHARD_TOKENS:
             self._flush()
 
     def write_all(self, rows: Iterable[Any]) -> None:
@@ -224,9 +234,12 @@ class PackedWriter:
         for r in rows:
             self.write(r)
 
-    def _flush(self) -> None:
-        n = len(self._buf["input_ids"])
-        if n == 0:
+    def _shard_name(self) -> str:
+        return f"{DATA_DIR}/shard-{len(self.shards):05d}.parquet"
+
+    def _write_group(self) -> None:
+        """Write the buffered rows as one row group of the open shard (opened on first use)."""
+        if not self._buf["input_ids"]:
             return
         table = pa.Table.from_arrays(
             [
@@ -242,13 +255,26 @@ class PackedWriter:
             ],
             schema=SCHEMA,
         )
-        name = f"{DATA_DIR}/shard-{len(self.shards):05d}.parquet"
-        path = self.tmp / name
-        pq.write_table(table, path, row_group_size=self.row_group_size, compression=self.compression)
-        fsync_file(path)
-        self.shards.append(ShardInfo(file=name, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
         self._buf = {c: [] for c in COLUMNS}
-        self._buf_tokens = 0
+        if self._shard is None:
+            self._shard = pq.ParquetWriter(self.tmp / self._shard_name(), SCHEMA, compression=self.compression)
+        self._shard.write_table(table, row_group_size=self.row_group_size)
+
+    def _flush(self) -> None:
+        """Close the open shard (its last, partial row group first) and record it in :attr:`shards`."""
+        self._write_group()
+        if self._shard is None:
+            return
+        self._shard.close()
+        self._shard = None
+        name = self._shard_name()
+        path = self.tmp / name
+        fsync_file(path)
+        self.shards.append(
+            ShardInfo(file=name, num_rows=self._shard_rows, num_bytes=path.stat().st_size, sha256=sha256_file(path))
+        )
+        self._shard_rows = 0
+        self._shard_tokens = 0
 
     # -- publish --------------------------------------------------------------------------------
     def finalize(self, metadata: PackedMetadata, report_entries: Iterable[Any] = ()) -> PackedMetadata:
@@ -302,6 +328,12 @@ class PackedWriter:
     def abort(self) -> None:
         """Delete the temp directory (the target is left untouched)."""
         self._done = True
+        shard, self._shard = self._shard, None
+        if shard is not None:
+            try:
+                shard.close()
+            except Exception:  # noqa: BLE001 - the file is deleted with the temp dir either way
+                pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "PackedWriter":
