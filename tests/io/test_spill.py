@@ -95,3 +95,23 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="closed"):
         sp.get(0)
     sp.cleanup()
+
+
+def test_ids_and_shared_values_round_trip_exactly(tmp_path):
+    """Sample ids of any text (non-ASCII, lone surrogates, empty) and non-str ids come back equal; a meta
+    value keeps its type ({"truncated": 1} is not {"truncated": True}); equal sources / meta are stored once."""
+    odd = [("é中:0", "a.json", {"truncated": 1}), ("\udcff", "a.json", {"truncated": True}), ("", None, None),
+           (7, "b.jsonl", {"tags": ["x"]}), ("z:1", "b.jsonl", {"tags": ["x"]}), ("z:2", "a.json", {"truncated": 1.0})]
+    with SampleSpill(tmp_path / "s") as sp:
+        for sid, src, meta in odd:
+            sp.append(Sample(np.arange(2), np.full(2, IGNORE_INDEX), sid, src, None, None, meta))
+        for k in range(1000):
+            sp.append(Sample(np.arange(2), np.full(2, IGNORE_INDEX), f"many:{k}", "a.json", k, None, {}))
+        got = [sp.get(i) for i in range(len(odd))]
+        assert [(g.sample_id, g.source, g.meta) for g in got] == odd
+        assert [type(g.sample_id) for g in got] == [type(o[0]) for o in odd]
+        assert [{k: type(v) for k, v in (g.meta or {}).items()} for g in got] == [
+            {k: type(v) for k, v in (o[2] or {}).items()} for o in odd]
+        assert sp.get(1005).sample_id == "many:999" and sp.get(1005).index == 999 and sp.get(1005).meta == {}
+        # a.json, b.jsonl, None (source and meta), the three truncated metas, the two unhashable tags metas, {}
+        assert len(sp._values) == 9

@@ -2,8 +2,10 @@
 
 :func:`seqpack.pipeline.pack_dataset` tokenizes one input file at a time, appends that file's samples
 here and drops them, plans on the length array, then rebuilds each pack's samples with :meth:`SampleSpill.get`.
-Memory held per sample is the small metadata (sample id, source, index, media, meta) plus 8 bytes of
-offset; the token arrays live on disk.
+Memory held per sample is about 40 bytes plus its sample id's UTF-8 bytes: the id in one shared
+``bytearray`` (int64 end offset), int64 token offset and record index, and int32 codes of its source and
+meta into one table of distinct values (equal values stored once); media only for samples that have
+some. The token arrays live on disk.
 
 Layout in ``directory``: ``input_ids.bin`` and ``labels.bin`` (raw little-endian int32, samples
 concatenated in append order). Offsets (int64, ``offsets[i]:offsets[i+1]`` = sample ``i``'s tokens) and
@@ -60,22 +62,34 @@ class SampleSpill:
         self._dirty = False
         self._offsets = array("q", [0])
         self._index = array("q")
-        self._sample_id: list[str] = []
-        self._source: list[Any] = []
-        self._media: list[Any] = []
-        self._meta: list[Any] = []
-        self._interned: dict[Any, Any] = {}  # equal sources / meta dicts share one object
+        self._ids = bytearray()  # sample ids (str), UTF-8, concatenated
+        self._id_end = array("q")  # end of sample i's id in _ids
+        self._odd_ids: dict[int, Any] = {}  # the sample ids that are not str, by position
+        self._source = array("i")  # codes into _values
+        self._meta = array("i")
+        self._values: list[Any] = []  # distinct sources / meta values (unhashable ones each their own)
+        self._codes: dict[Any, int] = {}
+        self._media: dict[int, Any] = {}  # media of the samples that have some (not None)
         self._readers: tuple[Any, Any] | None = None
         self.trainable_tokens = 0
 
     # -- writing ---------------------------------------------------------------------------------
-    def _intern(self, value: Any) -> Any:
+    def _code(self, value: Any) -> int:
+        """The code of ``value`` in the shared table: equal hashable values of the same types (a dict's
+        values included, so ``{"a": 1}`` and ``{"a": True}`` stay apart) share one code."""
         try:
-            key = (type(value).__name__, tuple(sorted(value.items())) if isinstance(value, dict) else value)
+            items = tuple(sorted((k, type(v).__name__, v) for k, v in value.items())) if isinstance(value, dict) else value
+            key = (type(value).__name__, items)
             hash(key)
         except TypeError:
-            return value
-        return self._interned.setdefault(key, value)
+            key = None
+        code = self._codes.get(key) if key is not None else None
+        if code is None:
+            code = len(self._values)
+            self._values.append(value)
+            if key is not None:
+                self._codes[key] = code
+        return code
 
     def append(self, sample: Sample) -> int:
         """Store one sample; return its position (0-based, append order)."""
@@ -89,13 +103,20 @@ class SampleSpill:
         self._lab_f.write(lab.data)
         self._dirty = True
         self._offsets.append(self._offsets[-1] + int(ids.shape[0]))
+        pos = len(self._id_end)
         self._index.append(_NONE_INDEX if sample.index is None else int(sample.index))
-        self._sample_id.append(sample.sample_id)
-        self._source.append(self._intern(sample.source))
-        self._media.append(sample.media)
-        self._meta.append(self._intern(sample.meta) if sample.meta is not None else None)
+        sid = sample.sample_id
+        if isinstance(sid, str):
+            self._ids += sid.encode("utf-8", "surrogatepass")
+        else:
+            self._odd_ids[pos] = sid
+        self._id_end.append(len(self._ids))
+        self._source.append(self._code(sample.source))
+        if sample.media is not None:
+            self._media[pos] = sample.media
+        self._meta.append(self._code(sample.meta))
         self.trainable_tokens += int(np.count_nonzero(lab != IGNORE_INDEX))
-        return len(self._sample_id) - 1
+        return pos
 
     def extend(self, samples: Iterable[Sample]) -> None:
         """:meth:`append` every sample in order."""
@@ -104,7 +125,7 @@ class SampleSpill:
 
     # -- reading ---------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._sample_id)
+        return len(self._id_end)
 
     @property
     def num_tokens(self) -> int:
@@ -159,14 +180,18 @@ class SampleSpill:
         ids = self._read(ids_f, a, b - a)
         lab = self._read(lab_f, a, b - a)
         idx = self._index[j]
-        meta = self._meta[j]
+        meta = self._values[self._meta[j]]
+        if j in self._odd_ids:
+            sid = self._odd_ids[j]
+        else:
+            sid = self._ids[self._id_end[j - 1] if j else 0 : self._id_end[j]].decode("utf-8", "surrogatepass")
         return Sample(
             input_ids=ids,
             labels=lab,
-            sample_id=self._sample_id[j],
-            source=self._source[j],
+            sample_id=sid,
+            source=self._values[self._source[j]],
             index=None if idx == _NONE_INDEX else int(idx),
-            media=self._media[j],
+            media=self._media.get(j),
             meta=dict(meta) if isinstance(meta, dict) else meta,
         )
 
