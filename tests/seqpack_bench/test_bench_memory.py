@@ -35,11 +35,13 @@ def test_peak_rss_is_that_of_the_child(tmp_path):
 
 
 def test_run_memory_report_structure_and_verdicts(tmp_path, monkeypatch):
-    peaks = iter([500, 560, 500, 700, 520])  # MB: baseline, then truncate / drop / split, then tiny
+    # MB: two baseline runs (the first, cold, higher), then truncate / drop / split, then tiny
+    peaks = iter([530, 500, 560, 500, 700, 520])
     monkeypatch.setattr(bm, "peak_rss", lambda cmd, env=None: (next(peaks) * 2**20, 1.0, 0, ""))
     lines: list[str] = []
     res = bm.run_memory(large_mb=[5], tiny=[100_000], out_dir=tmp_path, say=lines.append)
-    assert res["baseline_mb"] == 500
+    assert res["baseline_mb"] == 500  # the lower of the two baseline runs
+    assert lines[0] == "baseline (1 short record, lower of 2 runs): peak 500 MB (530, 500)"
     assert [r["policy"] for r in res["large"]] == ["truncate", "drop", "split"]
     truncate, drop, split = res["large"]
     nbytes = truncate["record_bytes"]
