@@ -910,12 +910,13 @@ def grouped_exact_fill(cnt, start, cap, n, tries, target):
     (the size-grouped slot reads of :func:`slots_to_csr` touch ~cap pages at once). Returns
     (slot int32|int64[n], nb, loads int64[nb])."""
     slot = np.empty(n, np.int32 if n < 2**31 else np.int64)
-    nb, loads = _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot)
-    return slot, nb, loads
+    loads = np.empty(n, np.int64)
+    nb = _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads)
+    return slot, nb, loads[:nb].copy()
 
 
 @njit(cache=True)
-def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
+def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
     """Greedy knapsack with look-ahead on a size histogram: one pack at a time, the largest
     remaining item first, then repeatedly the largest that fits, taking as many copies at once as
     fit; a step that would leave a rest room no remaining sizes can close (``_fillable``) takes one
@@ -928,16 +929,15 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
     long with short items where no exact fill exists (equal loads, same pack count there).
 
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
-    O(tries * log64 cap) at worst. Returns (slot int64[n], nb, loads int64[nb]) in the
-    :func:`grouped_best_fit` layout (``slot[start[s] + t]`` = pack of the t-th item of size s),
-    written into ``slot`` (int[n], filled here); returns (nb, loads int64[nb])."""
+    O(tries * log64 cap) at worst. Writes the packs in the :func:`grouped_best_fit` layout
+    (``slot[start[s] + t]`` = pack of the t-th item of size s) into ``slot`` (int[n]) and their
+    loads into ``loads[:nb]`` (int64[n], numpy-allocated by the caller); returns nb."""
     left = cnt.copy()
     used = np.zeros(cap + 1, np.int64)
     bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
     for v in range(1, cap + 1):
         if left[v] > 0:
             _bs_set(bits, lo, cap - v)
-    loads = np.empty(n, np.int64)
     nb = 0
     placed = 0
     smin = 1
@@ -1013,7 +1013,7 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
             load += j * v
             placed += j
         loads[b] = load
-    return nb, loads[:nb].copy()
+    return nb
 
 
 @njit(cache=True)
@@ -1035,11 +1035,11 @@ def slots_to_csr(sizes, start, slot, nb):
     are ``items[offsets[b]:offsets[b+1]]`` in ascending index (the t-th item of size s is in
     pack ``slot[start[s] + t]``). Equals ``csr_by_bin(slots_to_bins(...), nb)``.
 
-    O(n + nb) in three passes over the items: pack sizes from ``slot`` (sequential), then a stable
+    O(n + nb) in three passes over the items: each item's pack from ``slot``, then a stable
     partition of the item indices by ``pack >> shift`` into <= 256 pack ranges (256 sequential
     write streams of one int64 each: the pack's rank in its range above the item index), then
-    each range is scattered into its own few kilobytes of ``items``; a direct scatter over ``nb``
-    packs misses the cache on every item once the packs outgrow it. The large arrays are
+    each range is counted and scattered into its own few kilobytes of ``items``; a direct
+    scatter over ``nb`` packs misses the cache on every item once the packs outgrow it. The large arrays are
     allocated by numpy (huge pages where the kernel allows: the size-grouped reads of ``slot``
     touch ~cap pages at once, which 4 KiB pages make a TLB miss per item)."""
     n = sizes.shape[0]
@@ -1052,43 +1052,62 @@ def slots_to_csr(sizes, start, slot, nb):
     shift = max(0, int(nb - 1).bit_length() - 8)
     if ibits + shift <= 62:
         tmp = np.empty(n, np.int64)
-        _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items)
+        bo = np.empty(n, slot.dtype)
+        _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items, bo)
         return off, items
     return _slots_to_csr_pairs(sizes, start, slot, nb)
 
 
 @njit(cache=True)
-def _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items):
-    """:func:`slots_to_csr` for ``ibits + shift <= 62``: ``tmp[q] = (b - (k << shift)) << ibits | i``."""
+def _slots_to_csr_packed(sizes, start, slot, nb, shift, ibits, off, tmp, items, bo):
+    """:func:`slots_to_csr` for ``ibits + shift <= 62``: ``tmp[q] = (b - (k << shift)) << ibits | i``.
+
+    Pass 1 writes each item's pack into ``bo`` (scratch, ``slot``'s dtype) and counts the items
+    per pack range (<= 256 counters, in cache), pass 2 partitions by range into ``tmp``, pass 3
+    counts the packs of one range at a time (offsets) and scatters the range into ``items``: no
+    pass increments per-pack counters spread over all ``nb`` packs, and the gather from the ~cap
+    size streams of ``slot`` runs alone (measured 10M lengths: 41 -> 34 ns per item, lognormal)."""
     n = sizes.shape[0]
-    off[:] = 0
-    for p in range(n):
-        off[slot[p] + 1] += 1
-    for b in range(nb):
-        off[b + 1] += off[b]
     nbk = ((nb - 1) >> shift) + 1
-    bpos = np.empty(nbk, np.int64)
-    for k in range(nbk):
-        bpos[k] = off[k << shift]
+    bstart = np.zeros(nbk + 1, np.int64)
     ptr = start.copy()
-    mask = (np.int64(1) << ibits) - 1
     for i in range(n):
         s = sizes[i]
-        b = np.int64(slot[ptr[s]])
+        b = slot[ptr[s]]
         ptr[s] += 1
+        bo[i] = b
+        bstart[(b >> shift) + 1] += 1
+    for k in range(nbk):
+        bstart[k + 1] += bstart[k]
+    bpos = bstart[:-1].copy()
+    for i in range(n):
+        b = np.int64(bo[i])
         k = b >> shift
         q = bpos[k]
         tmp[q] = ((b - (k << shift)) << ibits) | i
         bpos[k] = q + 1
-    pos = off[:-1].copy()
+    mask = (np.int64(1) << ibits) - 1
+    width = np.int64(1) << shift
+    pos = np.empty(width + 1, np.int64)
     for k in range(nbk):
         base = k << shift
-        hi = off[min(nb, (k + 1) << shift)]
-        for q in range(off[base], hi):
+        m = min(nb - base, width)
+        pos[:m + 1] = 0
+        lo = bstart[k]
+        hi = bstart[k + 1]
+        for q in range(lo, hi):
+            pos[(tmp[q] >> ibits) + 1] += 1
+        pos[0] = lo
+        for j in range(m):
+            pos[j + 1] += pos[j]
+        for j in range(m):
+            off[base + j] = pos[j]
+        for q in range(lo, hi):
             t = tmp[q]
-            b = base + (t >> ibits)
-            items[pos[b]] = t & mask
-            pos[b] += 1
+            j = t >> ibits
+            items[pos[j]] = t & mask
+            pos[j] += 1
+    off[nb] = n
 
 
 @njit(cache=True)
@@ -1325,14 +1344,23 @@ def csr_and_loads(bin_of, nb, sizes):
     return off, items, loads
 
 
-@njit(cache=True)
 def shuffle_buckets(lab, u, vals):
     """A uniformly random permutation of ``0..m-1`` (Rao-Sandelius 1961) and ``vals`` in its order:
     every element goes to the bucket ``lab[i]`` (uint8, uniform in 0..255; buckets keep the element
     order), then each bucket is shuffled by Fisher-Yates with ``j = (u[t] * (t + 1)) >> 32`` (``u``
     uint32[m] uniform). Both passes touch one cache-sized bucket at a time, where an in-place
     Fisher-Yates over ``m`` > the cache misses it on every swap. Returns (perm int64[m],
-    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards)."""
+    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards). The
+    outputs are allocated by numpy (huge pages on large arrays: fewer TLB misses in the scatter)."""
+    out = np.empty(lab.shape[0], np.int64)
+    vout = np.empty(lab.shape[0], np.int64)
+    _shuffle_buckets_into(lab, u, vals, out, vout)
+    return out, vout
+
+
+@njit(cache=True)
+def _shuffle_buckets_into(lab, u, vals, out, vout):
+    """:func:`shuffle_buckets` writing into ``out`` and ``vout`` (int64[m])."""
     m = lab.shape[0]
     cnt = np.zeros(257, np.int64)
     for i in range(m):
@@ -1340,8 +1368,6 @@ def shuffle_buckets(lab, u, vals):
     for k in range(256):
         cnt[k + 1] += cnt[k]
     pos = cnt[:256].copy()
-    out = np.empty(m, np.int64)
-    vout = np.empty(m, np.int64)
     for i in range(m):
         k = lab[i]
         out[pos[k]] = i
@@ -1357,4 +1383,3 @@ def shuffle_buckets(lab, u, vals):
             y = vout[a + t]
             vout[a + t] = vout[a + j]
             vout[a + j] = y
-    return out, vout
