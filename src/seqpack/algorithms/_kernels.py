@@ -910,12 +910,13 @@ def grouped_exact_fill(cnt, start, cap, n, tries, target):
     (the size-grouped slot reads of :func:`slots_to_csr` touch ~cap pages at once). Returns
     (slot int32|int64[n], nb, loads int64[nb])."""
     slot = np.empty(n, np.int32 if n < 2**31 else np.int64)
-    nb, loads = _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot)
-    return slot, nb, loads
+    loads = np.empty(n, np.int64)
+    nb = _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads)
+    return slot, nb, loads[:nb].copy()
 
 
 @njit(cache=True)
-def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
+def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
     """Greedy knapsack with look-ahead on a size histogram: one pack at a time, the largest
     remaining item first, then repeatedly the largest that fits, taking as many copies at once as
     fit; a step that would leave a rest room no remaining sizes can close (``_fillable``) takes one
@@ -928,16 +929,15 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
     long with short items where no exact fill exists (equal loads, same pack count there).
 
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
-    O(tries * log64 cap) at worst. Returns (slot int64[n], nb, loads int64[nb]) in the
-    :func:`grouped_best_fit` layout (``slot[start[s] + t]`` = pack of the t-th item of size s),
-    written into ``slot`` (int[n], filled here); returns (nb, loads int64[nb])."""
+    O(tries * log64 cap) at worst. Writes the packs in the :func:`grouped_best_fit` layout
+    (``slot[start[s] + t]`` = pack of the t-th item of size s) into ``slot`` (int[n]) and their
+    loads into ``loads[:nb]`` (int64[n], numpy-allocated by the caller); returns nb."""
     left = cnt.copy()
     used = np.zeros(cap + 1, np.int64)
     bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
     for v in range(1, cap + 1):
         if left[v] > 0:
             _bs_set(bits, lo, cap - v)
-    loads = np.empty(n, np.int64)
     nb = 0
     placed = 0
     smin = 1
@@ -1013,7 +1013,7 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot):
             load += j * v
             placed += j
         loads[b] = load
-    return nb, loads[:nb].copy()
+    return nb
 
 
 @njit(cache=True)
@@ -1325,14 +1325,23 @@ def csr_and_loads(bin_of, nb, sizes):
     return off, items, loads
 
 
-@njit(cache=True)
 def shuffle_buckets(lab, u, vals):
     """A uniformly random permutation of ``0..m-1`` (Rao-Sandelius 1961) and ``vals`` in its order:
     every element goes to the bucket ``lab[i]`` (uint8, uniform in 0..255; buckets keep the element
     order), then each bucket is shuffled by Fisher-Yates with ``j = (u[t] * (t + 1)) >> 32`` (``u``
     uint32[m] uniform). Both passes touch one cache-sized bucket at a time, where an in-place
     Fisher-Yates over ``m`` > the cache misses it on every swap. Returns (perm int64[m],
-    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards)."""
+    ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards). The
+    outputs are allocated by numpy (huge pages on large arrays: fewer TLB misses in the scatter)."""
+    out = np.empty(lab.shape[0], np.int64)
+    vout = np.empty(lab.shape[0], np.int64)
+    _shuffle_buckets_into(lab, u, vals, out, vout)
+    return out, vout
+
+
+@njit(cache=True)
+def _shuffle_buckets_into(lab, u, vals, out, vout):
+    """:func:`shuffle_buckets` writing into ``out`` and ``vout`` (int64[m])."""
     m = lab.shape[0]
     cnt = np.zeros(257, np.int64)
     for i in range(m):
@@ -1340,8 +1349,6 @@ def shuffle_buckets(lab, u, vals):
     for k in range(256):
         cnt[k + 1] += cnt[k]
     pos = cnt[:256].copy()
-    out = np.empty(m, np.int64)
-    vout = np.empty(m, np.int64)
     for i in range(m):
         k = lab[i]
         out[pos[k]] = i
@@ -1357,4 +1364,3 @@ def shuffle_buckets(lab, u, vals):
             y = vout[a + t]
             vout[a + t] = vout[a + j]
             vout[a + j] = y
-    return out, vout
