@@ -48,7 +48,7 @@ _XCOST = 0.25  # a trade never raises a step's cost max/mean above max(its own, 
 _ROUNDS = 3  # rounds of (pack trades, re-windowing, swaps) for the steps still off target
 _HOPS = 256  # first swaps tried per two-hop attempt (a change passed on through a middle pack)
 _RWIN = 64  # packs of nearest cost (either side) a pack of a step still off target may trade places with
-_RTRIES = 100  # trades tried (each evened and undone unless it fits) for the steps still off target
+_RTRIES = 200  # trades tried (each evened and undone unless it fits) for the steps still off target
 
 
 def band_delta(load: float, tt: float) -> int:
@@ -213,7 +213,8 @@ def _relocate(grids, cost, count, smooth, dp, mb, tt, ct, delta, seed):
         c = np.bincount(rank, weights=cost[row], minlength=dp)
         return (t.max() - t.min()) / max(t.mean(), 1e-12), c.max() / max(c.mean(), 1e-12)
 
-    spread, ratio = np.array([figures(row) for row in grid]).T
+    by_rank = grid.reshape(full.size, dp, mb)
+    spread, ratio = step_figures(load[by_rank].sum(axis=2).astype(np.float64), cost[by_rank].sum(axis=2))
     is_off = spread > tt
     if not is_off.any():
         return
