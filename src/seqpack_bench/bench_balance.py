@@ -164,40 +164,44 @@ def issue_lengths(n: int, capacity: int, seed: int = 0) -> np.ndarray:
 
 
 def run_grid(sizes=GRID_SIZES, micro_batches=GRID_MICRO_BATCHES, *, dp: int = 8, capacity: int = 4096,
-             repeats: int = 3, seed: int = 0, quick: bool = False, out_dir=None, console=None) -> dict:
-    """`seqpack bench balance`: :func:`balance_samples` on ``issue_lengths(n)`` for every size x micro-batch
-    count, at ``dp`` ranks; prints one table row each and PASS/MISS lines, returns (and with ``out_dir``
-    writes as ``balance.json``) the figures.
+             repeats: int = 3, seed=0, quick: bool = False, out_dir=None, console=None) -> dict:
+    """`seqpack bench balance`: :func:`balance_samples` on ``issue_lengths(n, capacity, seed)`` for every seed x
+    size x micro-batch count, at ``dp`` ranks; prints one table row each, PASS/MISS lines per row and one
+    verdict line per seed, returns (and with ``out_dir`` writes as ``balance.json``) the figures.
 
-    Per row: wall and CPU seconds (median of ``repeats``; the code is single-threaded, so on an idle core
-    wall = CPU, and CPU is the steadier figure on a shared machine: the time goal is judged on it), worst
-    and mean token spread over full steps (``(max - min) / mean`` of the ranks' tokens per step), worst and
-    mean cost max/mean, micro-batches over the cap, steps. Goals, per row: time <= 1 s, worst spread <=
-    0.1 %, 0 over cap. ``quick``: the verdicts are marked informational.
+    ``seed``: one int or a sequence of ints (each seeds both the lengths and :func:`balance_samples`).
+    Per row: seed, wall and CPU seconds (median of ``repeats``; the code is single-threaded, so on an idle
+    core wall = CPU, and CPU is the steadier figure on a shared machine: the time goal is judged on it),
+    worst and mean token spread over full steps (``(max - min) / mean`` of the ranks' tokens per step),
+    worst and mean cost max/mean, micro-batches over the cap, steps. Goals, per row: time <= 1 s, worst
+    spread <= 0.1 %, 0 over cap (``goals``: three per row, in row order); ``seeds``: per seed, ``pass`` =
+    all its rows' goals met. ``quick``: the verdicts are marked informational.
     """
+    seeds = [int(seed)] if np.ndim(seed) == 0 else [int(x) for x in seed]
     balance_samples(np.arange(1, 60), 64, 2, 2)  # compile the numba kernels outside the timings
     rows, goals = [], []
     tag = "quick: informational" if quick else None
-    for n in sizes:
-        lengths = issue_lengths(int(n), capacity, seed)
-        for mb in micro_batches:
-            plan, t = timed(lambda: balance_samples(lengths, capacity, dp, mb, seed=seed), repeats)
-            s = plan.stats()
-            rows.append({"samples": int(n), "micro_batches": int(mb), "dp": dp, "capacity": capacity,
-                         "wall_s": t.wall_s, "cpu_s": t.cpu_s, "steps": int(s["steps"]),
-                         "token_spread_worst": s["token_spread_max"], "token_spread_mean": s["token_spread_mean"],
-                         "cost_ratio_worst": s["cost_max_over_mean_worst"],
-                         "cost_ratio_mean": s["cost_max_over_mean_mean"], "over_cap": int(s["over_cap"])})
-    title = (f"balance_samples, lengths exp(N(6.2, 0.9)) clipped to [8, {capacity}] (seed {seed}), dp={dp}, "
+    for sd in seeds:
+        for n in sizes:
+            lengths = issue_lengths(int(n), capacity, sd)
+            for mb in micro_batches:
+                plan, t = timed(lambda: balance_samples(lengths, capacity, dp, mb, seed=sd), repeats)
+                s = plan.stats()
+                rows.append({"seed": sd, "samples": int(n), "micro_batches": int(mb), "dp": dp, "capacity": capacity,
+                             "wall_s": t.wall_s, "cpu_s": t.cpu_s, "steps": int(s["steps"]),
+                             "token_spread_worst": s["token_spread_max"], "token_spread_mean": s["token_spread_mean"],
+                             "cost_ratio_worst": s["cost_max_over_mean_worst"],
+                             "cost_ratio_mean": s["cost_max_over_mean_mean"], "over_cap": int(s["over_cap"])})
+    title = (f"balance_samples, lengths exp(N(6.2, 0.9)) clipped to [8, {capacity}] (seeds {seeds}), dp={dp}, "
              f"capacity {capacity}; median of {repeats} runs; spread and cost over full steps")
-    print_table(title, ["samples", "mb", "wall s", "CPU s", "steps", "spread worst", "spread mean", "cost worst",
-                 "cost mean", "over cap"],
-                [[f"{r['samples']:,}", r["micro_batches"], f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}", r["steps"],
-                  f"{100 * r['token_spread_worst']:.4f}%", f"{100 * r['token_spread_mean']:.4f}%",
+    print_table(title, ["seed", "samples", "mb", "wall s", "CPU s", "steps", "spread worst", "spread mean",
+                        "cost worst", "cost mean", "over cap"],
+                [[str(r["seed"]), f"{r['samples']:,}", r["micro_batches"], f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}",
+                  r["steps"], f"{100 * r['token_spread_worst']:.4f}%", f"{100 * r['token_spread_mean']:.4f}%",
                   f"{r['cost_ratio_worst']:.4f}", f"{r['cost_ratio_mean']:.4f}", r["over_cap"]] for r in rows],
                 console=console)
     for r in rows:
-        where = f"{r['samples']:,} samples, mb {r['micro_batches']}"
+        where = f"seed {r['seed']}, {r['samples']:,} samples, mb {r['micro_batches']}"
         goals.append(verdict(f"time <= {TIME_GOAL_S:g} s ({where})", r["cpu_s"] <= TIME_GOAL_S,
                              f"{r['cpu_s']:.3f} CPU-s ({r['wall_s']:.3f} s wall)", console, informational=tag))
         goals.append(verdict(f"token spread <= {100 * SPREAD_GOAL:g} % ({where})",
@@ -205,9 +209,16 @@ def run_grid(sizes=GRID_SIZES, micro_batches=GRID_MICRO_BATCHES, *, dp: int = 8,
                              f"{100 * r['token_spread_worst']:.4f}% worst step", console, informational=tag))
         goals.append(verdict(f"0 micro-batches over the cap ({where})", r["over_cap"] == 0,
                              f"{r['over_cap']} over {capacity}", console, informational=tag))
+    per_seed = []
+    for sd in seeds:
+        mine = [g for r, g in zip([r for r in rows for _ in range(3)], goals) if r["seed"] == sd]
+        missed = [g["goal"] for g in mine if not g["pass"]]
+        info = f"{len(mine) - len(missed)} of {len(mine)} goals met" + (f"; missed: {'; '.join(missed)}" if missed else "")
+        per_seed.append({"seed": sd, **verdict(f"seed {sd}: every goal of its rows", not missed, info, console,
+                                               informational=tag)})
     payload = {"benchmark": "balance", "distribution": f"exp(N(6.2, 0.9)) clipped to [8, {capacity}]",
-               "seed": seed, "dp": dp, "capacity": capacity, "repeats": repeats, "quick": quick, "rows": rows,
-               "goals": goals}
+               "seeds": seeds, "dp": dp, "capacity": capacity, "repeats": repeats, "quick": quick, "rows": rows,
+               "goals": goals, "per_seed": per_seed}
     if out_dir is not None:
         write_json(Path(out_dir) / "balance.json", payload)
     return payload

@@ -238,7 +238,8 @@ def balance(
     dp: int = typer.Option(8, min=1, help="Data-parallel ranks."),
     capacity: int = typer.Option(4096, min=8, help="Tokens per micro-batch (pack)."),
     repeats: int = typer.Option(3, min=1, help="Timed runs per row (median reported)."),
-    seed: int = typer.Option(0, help="Seed of the lengths and of balance_samples."),
+    seed: str = typer.Option("0", help="Seeds of the lengths and of balance_samples, comma separated (e.g. "
+                                       "0,1,2,3,4): every row is run per seed, with one PASS/MISS line per seed."),
     quick: bool = typer.Option(False, "--quick", help="2,000 and 10,000 samples (replaces --sizes), 1 repeat."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for balance.json (created if missing)."),
@@ -246,8 +247,12 @@ def balance(
     """`seqpack bench balance` (help: ``_BALANCE_HELP``); runs :func:`seqpack_bench.bench_balance.run_grid`."""
     ns = list(_balance.QUICK_SIZES) if quick else _int_list(sizes, "--sizes")
     mbs = _int_list(micro_batches, "--micro-batches")
+    seeds = [x.strip() for x in seed.split(",") if x.strip()]
+    if not seeds or not all(x.isdigit() for x in seeds):
+        _fail(f"--seed must be a comma list of integers >= 0, e.g. 0,1,2,3,4; got {seed!r}")
+    seeds = [int(x) for x in seeds]
     out_dir = _out_dir(out)
-    _balance.run_grid(ns, mbs, dp=dp, capacity=capacity, repeats=1 if quick else repeats, seed=seed, quick=quick,
+    _balance.run_grid(ns, mbs, dp=dp, capacity=capacity, repeats=1 if quick else repeats, seed=seeds, quick=quick,
                       out_dir=out_dir)
     print(f"wrote {out_dir / 'balance.json'}")
 

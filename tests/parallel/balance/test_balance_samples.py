@@ -181,3 +181,17 @@ def test_cost_lower_bound_holds_for_the_plan():
     ratios = cl.max(axis=1) / cl.mean(axis=1)
     k = next(i for i, s in enumerate(plan.schedule.steps) if any(0 in plan.bins[b] for b in s.reshape(-1) if b >= 0))
     assert ratios[k] >= lb - 1e-9
+
+
+def test_off_step_packs_trade_places_to_meet_the_token_goal():
+    """One micro-batch, 100,000 lognormal lengths (seed 4): the band schedule leaves a step of one-document
+    packs (4086, 4087, 4095 tokens) at 0.22 %; trading its packs outside the window with near-cost packs of
+    on-target steps (both evened by swaps) brings every full step within 0.1 % (measured 0.073 %)."""
+    rng = np.random.default_rng(4)  # as seqpack_bench.bench_balance.issue_lengths(100_000, 4096, seed=4)
+    lengths = np.clip(np.exp(rng.normal(6.2, 0.9, 100_000)), 8, 4096).astype(np.int64)
+    plan = balance_samples(lengths, 4096, 8, 1, seed=4)
+    s = plan.stats()
+    assert s["token_spread_max"] <= 1e-3 and s["over_cap"] == 0
+    assert s["cost_max_over_mean_worst"] <= 1.035  # measured 1.0332, as before the trades
+    got = np.sort(np.concatenate(plan.bins))
+    assert np.array_equal(got, np.arange(lengths.size))

@@ -47,6 +47,8 @@ _XWINDOW = 2048  # packs of nearest cost a pack may trade places with (cross-ste
 _XCOST = 0.25  # a trade never raises a step's cost max/mean above max(its own, 1 + this x cost_tolerance)
 _ROUNDS = 3  # rounds of (pack trades, re-windowing, swaps) for the steps still off target
 _HOPS = 256  # first swaps tried per two-hop attempt (a change passed on through a middle pack)
+_RWIN = 64  # packs of nearest cost (either side) a pack of a step still off target may trade places with
+_RTRIES = 200  # trades tried (each evened and undone unless it fits) for the steps still off target
 
 
 def band_delta(load: float, tt: float) -> int:
@@ -182,8 +184,125 @@ def band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, 
             break
         BK.smooth_loads(todo, units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX,
                         seed + 3 + rnd, _HOPS)
+    cost = np.bincount(pack_of, weights=units.astype(np.float64) ** 2, minlength=npk)
+    smooth = (units, pack_of, load, mstart, mem, pos_of, lo, hi, srt, vstart, cap_u, _DLIM, _KMAX)
+    _relocate(grids, cost, np.bincount(pack_of, minlength=npk), smooth, dp, mb, tt, ct, delta, seed + 7)
     grids = order_steps(grids, mb, seed, shuffle_steps)
     return renumber_packs(pack_of, npk, grids)
+
+
+def _relocate(grids, cost, count, smooth, dp, mb, tt, ct, delta, seed):
+    """Full steps still above ``tt``: each gets the load window of most of its one-sample packs (then of most
+    packs), and every pack ``o`` outside it trades places with a pack ``q`` of near cost (among the
+    ``2 * _RWIN`` nearest) in a full step on target, when then ``q`` reaches the window and ``o`` the other
+    step's window by length-matched swaps (:func:`~._band_kernels.smooth_loads`); a one-sample ``o`` that
+    fits no window goes to a step of packs with several samples, which all move to a window around ``o``.
+    A trade is undone unless every pack involved ends in its window and neither step's cost max/mean rises
+    above ``max(its own, min(the plan's worst, 1 + ct / 2))``. ``grids`` and the ``smooth`` arrays
+    (``units, pack_of, load, mstart, mem, pos_of, lo, hi, ...``) are updated in place."""
+    full = np.flatnonzero([is_full(gr, mb) for gr in grids])
+    if full.size < 2:
+        return
+    units, pack_of, load, mstart, mem, pos_of, lo, hi = smooth[:8]
+    cap_u = smooth[10]
+    grid = np.stack([grids[k] for k in full]).reshape(full.size, -1)  # [S, dp * mb], rank-major
+    rank = np.arange(dp * mb) // mb
+
+    def figures(row):
+        t = np.bincount(rank, weights=load[row].astype(np.float64), minlength=dp)
+        c = np.bincount(rank, weights=cost[row], minlength=dp)
+        return (t.max() - t.min()) / max(t.mean(), 1e-12), c.max() / max(c.mean(), 1e-12)
+
+    by_rank = grid.reshape(full.size, dp, mb)
+    spread, ratio = step_figures(load[by_rank].sum(axis=2).astype(np.float64), cost[by_rank].sum(axis=2))
+    is_off = spread > tt
+    if not is_off.any():
+        return
+    cap = min(float(ratio.max()), 1.0 + 0.5 * ct)
+    step_of = np.empty(cost.shape[0], dtype=np.int64)
+    slot_of = np.empty(cost.shape[0], dtype=np.int64)
+    step_of[grid.reshape(-1)] = np.repeat(np.arange(full.size), dp * mb)
+    slot_of[grid.reshape(-1)] = np.tile(np.arange(dp * mb), full.size)
+    by_cost = grid.reshape(-1)[np.argsort(cost[grid.reshape(-1)], kind="stable")]
+    cpos = np.empty(cost.shape[0], dtype=np.int64)
+    cpos[by_cost] = np.arange(by_cost.size)
+    inside = lambda p: lo[p] <= load[p] <= hi[p]  # noqa: E731
+    tries = [0]
+
+    def attempt(s, o, q, t, win_t):
+        """Trade ``o`` (step ``s``) and ``q`` (step ``t``); ``win_t``: t's new window or None (keep)."""
+        tries[0] += 1
+        snap = [arr.copy() for arr in (pack_of, load, mem, pos_of)]
+        a, b = slot_of[o], slot_of[q]
+        old_w = {p: (lo[p], hi[p]) for p in list(grid[s]) + list(grid[t])}
+        grid[s, a], grid[t, b] = q, o
+        lo[q], hi[q] = old_w[o]
+        lo[o], hi[o] = old_w[q]
+        if win_t is not None:
+            lo[grid[t]], hi[grid[t]] = win_t
+        todo = np.array([p for p in grid[t]] + [q], dtype=np.int64)
+        todo = todo[[not inside(p) for p in todo]]
+        if todo.size:
+            BK.smooth_loads(todo, *smooth, seed + tries[0], _HOPS)
+        fs, ft = figures(grid[s]), figures(grid[t])
+        if (inside(q) and all(inside(p) for p in grid[t]) and fs[1] <= max(ratio[s], cap)
+                and ft[1] <= max(ratio[t], cap) and ft[0] <= tt):
+            spread[s], ratio[s] = fs
+            spread[t], ratio[t] = ft
+            slot_of[o], slot_of[q], step_of[o], step_of[q] = b, a, t, s
+            return True
+        grid[s, a], grid[t, b] = o, q  # undo
+        for p, (x, y) in old_w.items():
+            lo[p], hi[p] = x, y
+        for arr, old in zip((pack_of, load, mem, pos_of), snap):
+            arr[:] = old
+        return False
+
+    def cost_ok(s, o, q, t):
+        """Neither step's cost max/mean above max(its own, cap) once ``o`` and ``q`` trade (before evening)."""
+        rs, rt = grid[s].copy(), grid[t].copy()
+        rs[slot_of[o]], rt[slot_of[q]] = q, o
+        return figures(rs)[1] <= max(ratio[s], cap) and figures(rt)[1] <= max(ratio[t], cap)
+
+    rigid = (count < 2).astype(np.int64)
+    for s in np.flatnonzero(is_off):
+        BK.step_bands(grid[s].copy(), np.array([dp * mb], dtype=np.int64), load, rigid, delta, cap_u, lo, hi)
+        for o in [p for p in grid[s] if not inside(p)]:
+            c0 = cpos[o]
+            done = False
+            for x in sorted(range(max(c0 - _RWIN, 0), min(c0 + _RWIN + 1, by_cost.size)), key=lambda y: abs(y - c0)):
+                q = by_cost[x]  # q's step keeps its window; o must fit it (or be evened into it)
+                t = step_of[q]
+                if tries[0] > _RTRIES:
+                    break
+                if t == s or is_off[t] or (count[q] < 2 and not lo[o] <= load[q] <= hi[o]):
+                    continue
+                if count[o] < 2 and not lo[q] <= load[o] <= hi[q]:
+                    continue
+                if cost_ok(s, o, q, t) and attempt(s, o, q, t, None):
+                    done = True
+                    break
+            if done or count[o] >= 2:
+                continue
+            # a one-sample o: a step whose packs can all move to o's window (those that cannot already in it)
+            a0 = max(min(int(load[o]) - delta // 2, cap_u - delta), 0)
+            seen = {s}
+            for x in sorted(range(max(c0 - 16 * _RWIN, 0), min(c0 + 16 * _RWIN + 1, by_cost.size)),
+                            key=lambda y: abs(y - c0)):
+                q = by_cost[x]
+                t = step_of[q]
+                if tries[0] > _RTRIES or len(seen) > 4 * _RWIN:
+                    break
+                if t in seen or is_off[t]:
+                    continue
+                seen.add(t)
+                fixed = grid[t][(count[grid[t]] < 2) & (grid[t] != q)]
+                if np.any((load[fixed] < a0) | (load[fixed] > a0 + delta)) or not cost_ok(s, o, q, t):
+                    continue
+                if attempt(s, o, q, t, (a0, a0 + delta)):
+                    break
+    for i, k in enumerate(full):
+        grids[k] = grid[i].reshape(dp, mb)
 
 
 def _trade_packs(grids, load, cost, dp, mb, tt, ct):

@@ -116,11 +116,14 @@ def balance_samples(
        partner must stay within max(its old figures, 0.9 x target), re-leveled if needed, else the
        swap is undone.
     5. **Small inputs** (at most :data:`SEARCH_MAX_SAMPLES` samples): when the band schedule misses a
-       goal, the local-search starts are tried too and the best plan kept: "pool" (packs within
-       ``stop_score * token_tolerance`` of the capacity apart, the rest re-packed evenly), the packs
-       as packed, "sand" (the shortest samples, ``sand_fractions`` of the tokens, lifted out and
-       poured back where a step's ranks are lowest), no extra packs, and steps grouped by token
-       deficit; each formed by :func:`~seqpack.parallel.balance.balance_packs` and leveled (3, 4).
+       goal, the "pool" local-search start is tried too and the better plan kept: packs within
+       ``stop_score * token_tolerance`` of the capacity apart, the rest re-packed evenly, formed by
+       :func:`~seqpack.parallel.balance.balance_packs` and leveled (3, 4); likewise the "sand" starts
+       of ``sand_fractions`` (the shortest samples, that fraction of the tokens, lifted out and poured
+       back where a step's ranks are lowest; ``0.0`` = the packs as packed), by default "as packed"
+       with several micro-batches only. (With one micro-batch, "as packed", no extra packs and steps
+       grouped by token deficit cost 0.4-1.1 CPU-s each at 2,000 samples and were not picked on the
+       measured inputs, or only for a lower cost at a higher token spread.)
 
     Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
     is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
@@ -151,8 +154,9 @@ def balance_samples(
         max_iter: best-improvement iterations per step and leveling call (steps 3, 4).
         cross_iters: budget of cross-step repairs (None = ``4 * steps leveled + 200``: the band
             schedule levels its off-target steps only, the local-search starts all steps; 0 disables).
-        sand_fractions: token fractions tried for the "sand" starts (None = ``(0.0, 0.1)``); used only on
-            small inputs whose band schedule misses a goal (step 5).
+        sand_fractions: token fractions tried for the "sand" starts (None = ``(0.0,)`` with
+            ``micro_batches > 1``, else none; ``0.0`` = the packs as packed); used only on small inputs
+            whose band schedule misses a goal (step 5).
         formation: ``"cost"`` (bands in decreasing cost), ``"deficit"`` (by token-deficit class first) or
             ``"auto"`` (both, the better kept) for the band schedule and the local-search starts.
         prefer: how the best candidate is chosen: ``"goals"`` (default) = fewest goals missed
@@ -179,16 +183,14 @@ def balance_samples(
     bins = _initial_packs(padded, capacity, pad, algorithm, seed)
     p = len(bins)
     p_ext = -(-p // dp) * dp
-    if sand_fractions is None:
-        sand_fractions = (0.0, 0.1)
-    # None: the band schedule; then (small inputs only) the local-search starts: "pool" (sand value -1:
-    # full packs apart, the rest re-packed evenly; -2: also 10 % of the full packs) and "sand"
-    search = [(True, -1.0, formation), (True, -2.0, formation)] + [(True, float(f), formation) for f in sand_fractions]
-    if p_ext > p:  # also: no extra packs (the remainder step keeps <= dp-1 empty filler slots)
-        search.append((False, 0.0, "auto"))
-    # steps grouped by token deficit (equal-length long samples together): tokens even, cost may suffer
-    search.append((False, 0.0, "deficit"))
+    if sand_fractions is None:  # "as packed" with several micro-batches (where it wins; slow with one)
+        sand_fractions = (0.0,) if mb > 1 else ()
+    # None: the band schedule; then (small inputs only) the "pool" start (sand value -1: full packs apart, the
+    # rest re-packed evenly) and the "sand" starts asked for
+    sand_fractions = tuple(float(f) for f in sand_fractions)
+    search = [(True, -1.0, formation)] + [(True, f, formation) for f in sand_fractions]
     variants = [(True, None, formation)]
+    last = [] if 0.0 in sand_fractions else [(True, 0.0, formation)]  # when no other start fits
     best = None
     while variants:
         with_extra, frac, form = variants.pop(0)
@@ -207,8 +209,8 @@ def balance_samples(
                 "full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
                                                                          else "")
         if got is None:
-            if best is None and not variants:
-                variants, search = search, []
+            if best is None and not variants:  # nothing fitted yet: the other starts, last the packs as packed
+                variants, search, last = (search or last), [], (last if search else [])
             continue
         new_bins, new_grids = got
         plan = _finish(new_bins, new_grids, padded, dp, mb, capacity, pad, extra,
