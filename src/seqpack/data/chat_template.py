@@ -13,6 +13,7 @@ import numpy as np
 
 from seqpack.data.records import Conversation, DataFormatError
 from seqpack.data.long_text import LONG_TEXT_CHARS, encode_long_texts
+from seqpack.data.template_env import speed_up_template
 from seqpack.data.token_mask import span_mask, span_mask_at_boundaries
 
 __all__ = ["TRAIN_ON", "TemplateMarkers", "render_conversation", "encode_texts"]
@@ -22,6 +23,7 @@ TRAIN_ON = ("assistant", "all")
 
 _SENT_USER = "\ue000seqpack user probe\ue001"
 _SENT_ASSISTANT = "\ue000seqpack assistant probe\ue001"
+
 
 @dataclass(frozen=True)
 class TemplateMarkers:
@@ -200,6 +202,8 @@ def render_conversation(
             alternate) or an assistant turn could not be located (``"template_span_mismatch"``).
     """
     template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        speed_up_template(template)
     template = template if isinstance(template, str) else repr(template)
     missing = []
     if conv.tools and "tools" not in template:

@@ -17,6 +17,7 @@ import itertools
 import pickle
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -59,6 +60,42 @@ def prepare_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
     Returns:
         one :data:`Outcome` per record, in order. Exceptions are returned, never raised.
     """
+    rendered = _render_chunk(tokenizer, settings, records)
+    return _finish_chunk(settings, rendered, _encode_chunk(tokenizer, settings, rendered))
+
+
+def prepare_chunks_overlapped(tokenizer: Any, settings: ChunkSettings,
+                              chunks: Iterable[Sequence[tuple[RawRecord, str]]]) -> Iterator[list[Outcome]]:
+    """:func:`prepare_chunk` of every chunk, in order, with chunk ``k``'s batched tokenizer call running in a
+    thread while chunk ``k + 1`` is read and rendered here (the fast tokenizer's batch encoding releases the
+    GIL and runs in its own thread pool). Same outcomes as :func:`prepare_chunk` chunk by chunk; an error of
+    reading the chunks is raised after the outcomes of the chunks read before it are yielded."""
+    it = iter(chunks)
+    prev: tuple | None = None  # (rendered chunk, future of its encoding)
+    error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqpack-encode") as ex:
+        while True:
+            try:
+                chunk = next(it)
+            except StopIteration:
+                break
+            except BaseException as e:  # noqa: BLE001 - raised below, after the chunks read before it
+                error = e
+                break
+            rendered = _render_chunk(tokenizer, settings, chunk)
+            fut = ex.submit(_encode_chunk, tokenizer, settings, rendered)
+            if prev is not None:
+                yield _finish_chunk(settings, prev[0], prev[1].result())
+            prev = (rendered, fut)
+        if prev is not None:
+            yield _finish_chunk(settings, prev[0], prev[1].result())
+    if error is not None:
+        raise error
+
+
+def _render_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tuple[RawRecord, str]]) -> tuple:
+    """Normalise and render ``records``: ``(out, good)``, ``out`` one slot per record (the ``"bad"`` outcomes
+    filled in), ``good`` the ``(slot, conversation, sample id, text, spans)`` of the rendered ones."""
     out: list[Any] = [None] * len(records)
     good: list[tuple[int, Any, str, str, list]] = []
     for k, (raw, sid) in enumerate(records):
@@ -71,16 +108,31 @@ def prepare_chunk(tokenizer: Any, settings: ChunkSettings, records: Sequence[tup
             out[k] = ("bad", e, entry)
             continue
         good.append((k, conv, sid, text, spans))
+    return out, good
+
+
+def _encode_chunk(tokenizer: Any, settings: ChunkSettings, rendered: tuple) -> tuple:
+    """``("ok", encode_texts(...))`` of the rendered texts of a chunk, or ``("error", exc)`` (never raises)."""
+    good = rendered[1]
+    if not good:
+        return "ok", []
+    try:
+        return "ok", encode_texts(tokenizer, [g[3] for g in good], [g[4] for g in good], settings.train_on)
+    except Exception as e:  # noqa: BLE001
+        return "error", e
+
+
+def _finish_chunk(settings: ChunkSettings, rendered: tuple, encoded: tuple) -> list[Outcome]:
+    """The outcomes of a chunk from its rendering and :func:`_encode_chunk` result (over-length policy applied)."""
+    out, good = rendered
     if not good:
         return out
-    try:
-        encoded = encode_texts(tokenizer, [g[3] for g in good], [g[4] for g in good], settings.train_on)
-    except Exception as e:  # noqa: BLE001
-        out[good[0][0]] = ("late", e)
+    if encoded[0] == "error":
+        out[good[0][0]] = ("late", encoded[1])
         for k, *_ in good[1:]:
             out[k] = ("ok", [], [])
         return out
-    for (k, conv, sid, _, _), (ids, tr) in zip(good, encoded):
+    for (k, conv, sid, _, _), (ids, tr) in zip(good, encoded[1]):
         media = {"images": list(conv.images)} if conv.images else None
         meta: dict[str, Any] = {"format": conv.format}
         if conv.id is not None:
@@ -192,17 +244,21 @@ class PreparePool:
                                           env={"RAYON_NUM_THREADS": threads})
         return self._procs
 
+    def _counted(self, chunks: Iterable[Sequence[tuple[RawRecord, str]]]) -> Iterator[Sequence[tuple[RawRecord, str]]]:
+        for chunk in chunks:
+            self.records_seen += len(chunk)
+            yield chunk
+
     def map_chunks(
         self, settings: ChunkSettings, chunks: Iterable[Sequence[tuple[RawRecord, str]]]
     ) -> Iterator[list[Outcome]]:
         """Yield the outcomes of every chunk, in chunk order (at most ``2 * num_proc`` chunks in flight).
 
-        Chunks are prepared in this process when ``num_proc == 1`` or until the start rule of the class
-        docstring is met (an input of one chunk never starts workers); the outcomes are the same."""
+        Chunks are prepared in this process when ``num_proc == 1`` (one chunk's tokenizer call overlapping the
+        next one's rendering: :func:`prepare_chunks_overlapped`) or until the start rule of the class docstring
+        is met (an input of one chunk never starts workers); the outcomes are the same."""
         if self.num_proc == 1:
-            for chunk in chunks:
-                self.records_seen += len(chunk)
-                yield prepare_chunk(self.tokenizer, settings, chunk)
+            yield from prepare_chunks_overlapped(self.tokenizer, settings, self._counted(chunks))
             return
         it = iter(chunks)
         held: list = []  # chunks read before the workers start
@@ -234,12 +290,7 @@ class PreparePool:
             first, last = pending[0][1], pending[-1][1]
             return f"records {first[0][1]} to {last[-1][1]}" if first and last else "records"
 
-        def counted() -> Iterator[Sequence[tuple[RawRecord, str]]]:
-            for chunk in it:
-                self.records_seen += len(chunk)
-                yield chunk
-
-        for chunk in itertools.chain(held, counted()):
+        for chunk in itertools.chain(held, self._counted(it)):
             chunk = list(chunk)
             pending.append((procs.submit(settings, chunk), chunk))
             if len(pending) >= 2 * self.num_proc:

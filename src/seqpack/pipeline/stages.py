@@ -142,34 +142,24 @@ def prepare(
             tokenizes the records (``None``: this process); the result is the same either way.
         sink: called with the final samples batch by batch, in input order, as they are made (the
             returned ``Prepared.samples`` is then empty): memory holds one batch, not the whole input.
-            Same samples, entries, totals and errors as without (an error of the length step is raised
-            after reading, as without a sink, so a bad record later in the input is still raised first).
+            ``None``: the samples are kept and returned in ``Prepared.samples``. Either way the same body
+            runs: ``text_check`` and the length step batch by batch, in input order; the first error of
+            either is raised after reading (so a bad record later in the input is still raised first).
 
     Raises:
         DataFormatError / TokenizerError / OverlengthError / ValueError: as ``seqpack.data.prepare`` and
             ``apply_length_policy`` (bad records, bad images, ``overlength="error"``).
     """
     one = items[0] if len(items) == 1 and isinstance(items[0], InMemoryRecords) else list(items)
-    if sink is not None:
-        return _prepare_into(job, tok, one, items, names, image_processor, progress, text_check, workers, sink)
-    samples, rep = data.prepare(one, tok.tokenizer, **_read_settings(job, progress, workers))
-    if names is not None and len(items) == 1:
-        rename_source((*samples, *rep.entries), display_names(list(items))[0], names[0])
-    if text_check is not None:
-        text_check(samples)
-    proc = image_processor if image_processor is not None else job.image_processor
-    if proc is None and any((s.media or {}).get("images") for s in samples):
-        proc = resolve_image_processor(None)
-    n_read = len(rep.entries)
-    samples, rep, stats = apply_length_policy(samples, rep, tok.tokenizer, image_processor=proc, progress=progress,
-                                              **_policy_settings(job))
-    policy = rep.entries[n_read:]
-    del rep.entries[n_read:]
-    return Prepared(samples, rep, policy, stats, {str(s.source) for s in samples}, proc)
+    kept: list = []
+    res = _prepare_batches(job, tok, one, items, names, image_processor, progress, text_check, workers,
+                           sink if sink is not None else kept.extend)
+    res.samples = kept
+    return res
 
 
 def _read_settings(job: PackJob, progress: Any, workers: Any) -> dict[str, Any]:
-    """The job's keywords of ``seqpack.data.prepare`` (both prepare paths): records read and tokenized
+    """The job's keywords of ``seqpack.data.prepare``: records read and tokenized
     whole (``seq_length=UNLIMITED``; the length policy comes after), images resolved in the media root."""
     return dict(seq_length=UNLIMITED, overlength="error", on_error=job.on_error, train_on=job.train_on,
                 format=job.format, progress=progress, workers=workers, keep_image_placeholders=True,
@@ -177,15 +167,16 @@ def _read_settings(job: PackJob, progress: Any, workers: Any) -> dict[str, Any]:
 
 
 def _policy_settings(job: PackJob) -> dict[str, Any]:
-    """The job's keywords of ``apply_length_policy`` (both prepare paths)."""
+    """The job's keywords of ``apply_length_policy``."""
     return dict(seq_length=job.seq_length, overlength=job.overlength, on_error=job.on_error,
                 media_root=job.media_root)
 
 
-def _prepare_into(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any], names: Sequence[str] | None,
-                  image_processor: Any, progress: Any, text_check: Any, workers: Any, sink: Callable[[list], None],
-                  ) -> Prepared:
-    """:func:`prepare` with ``sink``: the length policy applied batch by batch, samples handed to ``sink``."""
+def _prepare_batches(job: PackJob, tok: JobTokenizer, one: Any, items: Sequence[Any], names: Sequence[str] | None,
+                     image_processor: Any, progress: Any, text_check: Any, workers: Any,
+                     sink: Callable[[list], None]) -> Prepared:
+    """:func:`prepare`'s body: ``text_check`` and the length policy applied batch by batch, samples handed to
+    ``sink``; ``Prepared.samples`` is left empty."""
     rename = (display_names(list(items))[0], names[0]) if names is not None and len(items) == 1 else None
     box: dict[str, Any] = {"proc": image_processor if image_processor is not None else job.image_processor,
                            "error": None, "done": 0}
