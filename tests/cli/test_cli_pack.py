@@ -253,3 +253,29 @@ def test_a_run_without_torch_does_not_print_transformers_no_torch_notice(tmp_pat
     res = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "PyTorch was not found" not in res.stderr + res.stdout and (tmp_path / "o" / "metadata.json").is_file()
+
+
+def test_full_disk_is_a_plain_message_and_leaves_no_spill(tmp_path, monkeypatch):
+    """ENOSPC while spilling (the flush in close fails too, as on a full disk): one message naming the
+    folder and the fix, exit 1, and no hidden spill or temp folder left beside the output."""
+    import errno
+
+    from seqpack.io.spill import SampleSpill
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.directory / "ids.bin"))
+
+    real_close = SampleSpill.close
+
+    def close_fails(self):
+        real_close(self)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SampleSpill, "append", full)
+    monkeypatch.setattr(SampleSpill, "extend", full)
+    monkeypatch.setattr(SampleSpill, "close", close_fails)
+    out = tmp_path / "out"
+    text = " ".join(_user_error(_run("pack", "--output", out, "--seq-length", "1024", "--quiet"), 1).split())
+    assert "no space left on the device while writing" in text
+    assert f"in {tmp_path}" in text and "Fix: free space there" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -37,9 +37,14 @@ def _craft(packed, tmp_path, column, value):
     col[0] = value
     table = table.set_column(table.schema.get_field_index(column), column, pa.array(col, table.schema.field(column).type))
     pq.write_table(table, shard)
+    _reseal(ds, meta, shard)
+    return ds
+
+
+def _reseal(ds, meta, shard):
+    """Record the crafted shard's size and sha256, as someone who recomputes hashes would."""
     meta["shards"][0]["num_bytes"], meta["shards"][0]["sha256"] = shard.stat().st_size, sha256_file(shard)
     (ds / "metadata.json").write_text(json.dumps(meta))
-    return ds
 
 
 @pytest.mark.parametrize("column,value,says", [
@@ -55,15 +60,35 @@ def test_crafted_boundaries_are_one_error_naming_shard_and_row(packed, tmp_path,
     assert says in str(e.value) and "row 0 of shard data/shard-00000.parquet" in str(e.value)
 
 
+@pytest.mark.parametrize("column,first,says", [
+    ("input_ids", -3, "input_ids[0]=-3 is negative"),
+    ("labels", -7, "labels[0]=-7 is negative and not the ignore index -100"),
+])
+def test_negative_token_ids_are_never_served(packed, tmp_path, column, first, says):
+    """A crafted negative id (invariant 11) is refused when the row is read, not handed to the embedding."""
+    stored = load_packed(packed).columns(0)[column].tolist()
+    ds = load_packed(_craft(packed, tmp_path, column, [first] + stored[1:]))
+    with pytest.raises(PackedDatasetError) as e:
+        ds[0]
+    assert says in str(e.value) and "row 0 of shard data/shard-00000.parquet" in str(e.value)
+
+
+def test_media_column_that_is_not_json_names_shard_and_row(packed, tmp_path):
+    ds = load_packed(_craft(packed, tmp_path, "media", '{"not": "a list"'))
+    with pytest.raises(PackedDatasetError, match=r"row 0 of shard data/shard-00000.parquet\) has a media column "
+                                                 r"that is not JSON"):
+        ds[0]
+
+
 def test_token_ids_are_checked_against_the_vocabulary(packed, tmp_path):
     ds = load_packed(packed)
     row = ds[0]
     row.validate(vocab_size=151_936)
     with pytest.raises(PackedSequenceError, match=r"invariant 11 .*input_ids\[\d+\]=\d+ is outside the vocabulary"):
         row.validate(vocab_size=int(row.input_ids.max()))
-    bad = load_packed(_craft(packed, tmp_path, "input_ids", [-3] + ds.columns(0)["input_ids"].tolist()[1:]))[0]
-    with pytest.raises(PackedSequenceError, match=r"invariant 11 .*input_ids\[0\]=-3 is negative"):
-        bad.validate()
+    with pytest.raises(PackedSequenceError, match=r"invariant 11 .*labels\[1\]=-7 is negative"):
+        PackedSequence.from_boundaries(row.input_ids, np.r_[row.labels[:1], -7, row.labels[2:]], row.cu_seqlens,
+                                       row.cu_seqlens_padded, sample_ids=row.sample_ids).validate()
     for wrong in (0, -5, True, 1.5, "151936"):
         with pytest.raises(ValueError, match="vocab_size must be a positive integer"):
             row.validate(vocab_size=wrong)

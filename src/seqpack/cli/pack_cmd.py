@@ -41,9 +41,23 @@ def _user_error_code(exc: BaseException) -> int | None:
     if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError,
                         NotADirectoryError, ValueError)):
         return 1
-    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # an --output name too long
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:  # an --output name too long, a full disk
         return 1
     return None
+
+
+#: errors of the output's file system that are the user's to fix, not seqpack bugs
+_DISK_ERRNOS = (errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _disk_full_text(exc: OSError, output: str) -> str:
+    """A plain message for a full disk or quota (``ENOSPC``/``EDQUOT``) while packing into ``output``."""
+    where = Path(output).expanduser().absolute().parent
+    what = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on the device"
+    return (f"{what} while writing {exc.filename or where}: seqpack keeps its temporary spill and the new "
+            f"shards next to --output, in {where}, until the dataset is complete. "
+            f"Nothing was written to {output}. Fix: free space there, or pass an --output on a "
+            "larger disk.")
 
 
 def _summary_table(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -188,6 +202,8 @@ def pack(
         code = _user_error_code(exc)
         if code is None:
             raise
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            _fail(_disk_full_text(exc, output), code)
         _fail(_cli_text(exc), code)
     from seqpack.io.summary import summary_rows  # defers pyarrow (io reader)
 

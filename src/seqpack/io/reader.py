@@ -25,7 +25,7 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 from seqpack.packed import PackedSequence
-from seqpack.packed.invariants import stored_row_problem
+from seqpack.packed.invariants import stored_row_problem, token_range_problem
 
 __all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS", "MEDIA_EXPECT_KEYS"]
 
@@ -200,7 +200,11 @@ class PackedDataset:
         out: dict[str, Any] = {name: s.get(name, j) for name in s.cols}
         out["sample_ids"] = s.sample_ids[j].as_py()
         raw = s.media[j].as_py() if s.media is not None else None
-        out["media"] = json.loads(raw) if raw else None
+        try:
+            out["media"] = json.loads(raw) if raw else None
+        except ValueError as exc:
+            raise PackedDatasetError(f"{self.path}: pack {i} ({self._row(i)}) has a media column that is not JSON "
+                                     f"({exc}). The shard was altered or damaged; re-pack the data") from None
         return out
 
     def image_processor(self):
@@ -213,10 +217,12 @@ class PackedDataset:
         return f"row {j} of shard {self.metadata.shards[k].file}"
 
     def _check_row(self, i: int, c: Mapping[str, Any]) -> None:
-        """Refuse a stored row whose boundary arrays cannot describe it (crafted or damaged shard), naming the
-        shard and row, before any array is indexed with them (:func:`seqpack.packed.invariants.stored_row_problem`)."""
-        problem = stored_row_problem(c["cu_seqlens"], c["cu_seqlens_padded"], len(c["input_ids"]), len(c["labels"]),
-                                     len(c["sample_ids"]), c.get("final_target_segments", ()))
+        """Refuse a stored row whose boundary arrays cannot describe it or whose token ids are negative (crafted
+        or damaged shard), naming the shard and row, before any array is indexed with them
+        (:func:`seqpack.packed.invariants.stored_row_problem`, :func:`~seqpack.packed.invariants.token_range_problem`)."""
+        problem = (stored_row_problem(c["cu_seqlens"], c["cu_seqlens_padded"], len(c["input_ids"]),
+                                      len(c["labels"]), len(c["sample_ids"]), c.get("final_target_segments", ()))
+                   or token_range_problem(c["input_ids"], c["labels"]))
         if problem is not None:
             raise PackedDatasetError(f"{self.path}: pack {i} ({self._row(i)}) is not a valid packed row: {problem}. "
                                      "The shard was altered or damaged; re-pack the data")

@@ -199,17 +199,32 @@ class SampleSpill:
 
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the files (the data stays on disk; ``get`` and ``append`` no longer work)."""
-        for f in (*(self._readers or ()), self._ids_f, self._lab_f):
-            if f is not None:
-                f.close()
+        """Close the files (the data stays on disk; ``get`` and ``append`` no longer work).
+
+        Raises:
+            OSError: flushing a write file failed (e.g. ``ENOSPC``, disk full); every file is closed anyway.
+        """
+        files = [f for f in (*(self._readers or ()), self._ids_f, self._lab_f) if f is not None]
         self._ids_f = self._lab_f = None
         self._readers = None
+        error: OSError | None = None
+        for f in files:
+            try:
+                f.close()
+            except OSError as exc:  # the first failure is raised once all files are closed
+                error = error or exc
+        if error is not None:
+            raise error
 
     def cleanup(self) -> None:
-        """:meth:`close` and delete ``directory`` with everything in it."""
-        self.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        """:meth:`close` and delete ``directory`` with everything in it, also when closing fails (a full
+        disk fails the last flush; the folder must still go)."""
+        try:
+            self.close()
+        except OSError:
+            pass
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> "SampleSpill":
         return self

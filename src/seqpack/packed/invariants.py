@@ -13,7 +13,7 @@ import numpy as np
 from seqpack.packed.boundaries import segment_fields
 from seqpack.sample import IGNORE_INDEX
 
-__all__ = ["PackedSequenceError", "violation", "validate", "stored_row_problem"]
+__all__ = ["PackedSequenceError", "violation", "validate", "stored_row_problem", "token_range_problem"]
 
 
 class PackedSequenceError(ValueError):
@@ -59,6 +59,31 @@ def stored_row_problem(cu_seqlens, cu_seqlens_padded, num_input_ids: int, num_la
     ft = np.asarray(final_target_segments if final_target_segments is not None else (), dtype=np.int64)
     if ft.size and (int(ft.min()) < 0 or int(ft.max()) >= cu.size - 1):
         return f"final_target_segments {ft.tolist()} name segments outside 0..{cu.size - 2}"
+    return None
+
+
+def token_range_problem(input_ids, labels, vocab_size: int | None = None) -> str | None:
+    """What puts a row's token ids out of range (invariant 11), or None.
+
+    ``input_ids`` are never negative; a label is the ignore index (-100) or a non-negative id; with
+    ``vocab_size``, every id and non-ignored label is below it. The first offending position is named.
+    """
+    ids, lab = np.asarray(input_ids), np.asarray(labels)
+    if ids.size and int(ids.min()) < 0:
+        s = int(np.flatnonzero(ids < 0)[0])
+        return f"input_ids[{s}]={int(ids[s])} is negative"
+    bad_lab = (lab < 0) & (lab != IGNORE_INDEX)
+    if bad_lab.any():
+        s = int(np.flatnonzero(bad_lab)[0])
+        return f"labels[{s}]={int(lab[s])} is negative and not the ignore index {IGNORE_INDEX}"
+    if vocab_size is not None:
+        if ids.size and int(ids.max()) >= vocab_size:
+            s = int(np.flatnonzero(ids >= vocab_size)[0])
+            return f"input_ids[{s}]={int(ids[s])} is outside the vocabulary (vocab_size={vocab_size})"
+        over = lab >= vocab_size
+        if over.any():
+            s = int(np.flatnonzero(over)[0])
+            return f"labels[{s}]={int(lab[s])} is outside the vocabulary (vocab_size={vocab_size})"
     return None
 
 
@@ -121,22 +146,9 @@ def validate(packed: Any, capacity: int | None = None, context_parallel_size: in
         _fail(1, f"row length T={t} exceeds capacity {capacity}")
 
     # ---- 11: token ids in range (before anything indexes with them)
-    ids, lab = packed.input_ids, packed.labels
-    if ids.size and int(ids.min()) < 0:
-        s = int(np.flatnonzero(ids < 0)[0])
-        _fail(11, f"input_ids[{s}]={int(ids[s])} is negative")
-    bad_lab = (lab < 0) & (lab != IGNORE_INDEX)
-    if bad_lab.any():
-        s = int(np.flatnonzero(bad_lab)[0])
-        _fail(11, f"labels[{s}]={int(lab[s])} is negative and not the ignore index {IGNORE_INDEX}")
-    if vocab_size is not None:
-        if ids.size and int(ids.max()) >= vocab_size:
-            s = int(np.flatnonzero(ids >= vocab_size)[0])
-            _fail(11, f"input_ids[{s}]={int(ids[s])} is outside the vocabulary (vocab_size={vocab_size})")
-        over = (lab >= vocab_size)
-        if over.any():
-            s = int(np.flatnonzero(over)[0])
-            _fail(11, f"labels[{s}]={int(lab[s])} is outside the vocabulary (vocab_size={vocab_size})")
+    problem = token_range_problem(packed.input_ids, packed.labels, vocab_size)
+    if problem is not None:
+        _fail(11, problem)
 
     # ---- 2: boundary arrays
     cu_raw, cup_raw = packed.cu_seqlens, packed.cu_seqlens_padded
