@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seqpack import load_packed, pack_dataset
 from seqpack.io import PackedDatasetError
-from seqpack.io.fingerprint import sha256_file
+from seqpack.io.fingerprint import metadata_digest, sha256_file
 from seqpack.packed import PackedSequence
 from seqpack.packed.invariants import PackedSequenceError, stored_row_problem
 
@@ -42,9 +42,37 @@ def _craft(packed, tmp_path, column, value):
 
 
 def _reseal(ds, meta, shard):
-    """Record the crafted shard's size and sha256, as someone who recomputes hashes would."""
+    """Record the crafted shard's size and sha256 and the new metadata_sha256, as someone who recomputes
+    every hash would (so ``verify=True`` passes)."""
     meta["shards"][0]["num_bytes"], meta["shards"][0]["sha256"] = shard.stat().st_size, sha256_file(shard)
+    meta["metadata_sha256"] = metadata_digest(meta)
     (ds / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_inspect_verify_checks_every_row_even_when_the_hashes_were_recomputed(packed, tmp_path):
+    """A label on a segment's last token (a target that would cross into the next sample) passes the
+    read-time checks (boundaries, token ranges) and all hashes, but not the invariants: ``seqpack inspect
+    --verify`` names the pack; the untouched dataset passes."""
+    from typer.testing import CliRunner
+
+    from seqpack.cli import app
+
+    good = CliRunner().invoke(app, ["inspect", str(packed), "--verify", "--no-plot"])
+    n = len(load_packed(packed))
+    assert good.exit_code == 0 and f"and the invariants of {n} pack(s)" in " ".join(good.output.split())
+    row = load_packed(packed)[0]
+    last = np.asarray(row.cu_seqlens[1:]) - 1
+    free = [int(t) for t in last if row.labels[t] == -100]
+    assert free, "the embedded sample's segments end without a target"
+    labels = row.labels.copy()
+    labels[free[0]] = 7
+    ds = _craft(packed, tmp_path, "labels", labels.tolist())
+    load_packed(ds, verify=True)[0]  # hashes and read-time checks pass: only the invariants catch it
+    res = CliRunner().invoke(app, ["inspect", str(ds), "--verify", "--no-plot"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert ("pack 0 (row 0 of shard data/shard-00000.parquet) is not a valid packed row: packed-batch-spec "
+            "invariant 7 violated: labels[") in text, text
 
 
 @pytest.mark.parametrize("column,value,says", [

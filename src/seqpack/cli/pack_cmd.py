@@ -297,8 +297,8 @@ def inspect(
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
     as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
     verify: bool = typer.Option(
-        False, "--verify", help="Also check every shard's sha256 against metadata.json, and metadata.json / "
-        "report.jsonl against their recorded hashes (reads every shard once)."
+        False, "--verify", help="Also check every shard's sha256 against metadata.json, metadata.json / "
+        "report.jsonl against their recorded hashes, and every pack's invariants (reads every shard)."
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
@@ -307,9 +307,11 @@ def inspect(
 
     try:
         ds = load_packed(path, verify=verify)
-        if verify and not as_json:
-            _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s), metadata.json and report.jsonl",
-                       highlight=False)
+        if verify:
+            packs = ds.validate_rows()
+            if not as_json:
+                _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s), metadata.json and report.jsonl, "
+                           f"and the invariants of {packs} pack(s)", highlight=False)
         if as_json:
             typer.echo(ds.metadata.to_json(), nl=False)
             return

@@ -25,7 +25,7 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 from seqpack.packed import PackedSequence
-from seqpack.packed.invariants import stored_row_problem, token_range_problem
+from seqpack.packed.invariants import PackedSequenceError, stored_row_problem, token_range_problem
 
 __all__ = ["PackedDataset", "load_packed", "EXPECT_KEYS", "MEDIA_EXPECT_KEYS"]
 
@@ -256,6 +256,32 @@ class PackedDataset:
             image_pad_id=(m.media or {}).get("image_pad_id"),
             merge_size=self.media.merge_size,
         )
+
+    def validate_rows(self, vocab_size: int | None = None) -> int:
+        """Read every pack and check all invariants of ``packed-batch-spec.md`` on it
+        (:func:`seqpack.packed.invariants.validate` with the dataset's ``seq_length``, pad multiple and CP
+        size). Hashes only prove a file is the one recorded; this proves its rows are usable, also for a
+        dataset whose hashes someone recomputed. O(total tokens); ``seqpack inspect --verify`` calls it.
+
+        Args:
+            vocab_size: the embedding's vocabulary size (``len(tokenizer)``); every token id and label must
+                lie below it. None checks only that ids are not negative.
+
+        Returns:
+            The number of packs checked.
+
+        Raises:
+            PackedDatasetError: the first bad pack, naming its shard, row and the broken invariant.
+        """
+        m = self.metadata
+        for i in range(len(self)):
+            try:
+                self[i].validate(capacity=m.seq_length, context_parallel_size=m.context_parallel_size,
+                                 multiple=m.effective_pad_multiple, vocab_size=vocab_size)
+            except PackedSequenceError as exc:
+                raise PackedDatasetError(f"{self.path}: pack {i} ({self._row(i)}) is not a valid packed row: {exc}. "
+                                         "The shard was altered or damaged; re-pack the data") from None
+        return len(self)
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
