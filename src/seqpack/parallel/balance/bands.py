@@ -20,6 +20,8 @@ packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
    full steps (:func:`~seqpack.parallel.balance._exchange_kernels.exchange_packs`: only trades that
    lower the two steps' summed token excess, raise neither, and keep both cost max/mean within
    ``max(own, min(plan's worst, 1 + cost_tolerance / 4))``); the steps still off get new windows and swaps (up to ``_ROUNDS`` rounds).
+5. **Relocation** (:func:`_relocate`). A step still off trades each pack outside its window with a pack
+   of near cost of an on-target step when both then reach their new window by swaps (undone otherwise).
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def _relocate(grids, cost, count, smooth, dp, mb, tt, ct, delta, seed):
     full = np.flatnonzero([is_full(gr, mb) for gr in grids])
     if full.size < 2:
         return
-    units, pack_of, load, mstart, mem, pos_of, lo, hi = smooth[:8]
+    _, pack_of, load, _, mem, pos_of, lo, hi = smooth[:8]
     cap_u = smooth[10]
     grid = np.stack([grids[k] for k in full]).reshape(full.size, -1)  # [S, dp * mb], rank-major
     rank = np.arange(dp * mb) // mb

@@ -104,7 +104,9 @@ def balance_samples(
        their load; a swap with no partner that has room goes through a middle pack (two hops). Steps
        above the token goal trade whole packs of near cost with other steps (when that lowers both
        steps' token excess and raises no cost max/mean above its own or the plan's worst), then get new windows
-       and swaps. Steps still off target (token spread above ``token_tolerance`` or cost max/mean
+       and swaps; then each pack outside a still-off step's window trades places with a near-cost pack
+       of an on-target step when both reach their new window by swaps (undone otherwise). Steps still
+       off target (token spread above ``token_tolerance`` or cost max/mean
        above ``1 + cost_tolerance``) are then leveled sample by sample (step 3, 4 on those steps only).
     3. **Level samples inside a step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
