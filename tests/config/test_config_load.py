@@ -144,6 +144,17 @@ def test_schema_errors_name_the_key(data, key):
     assert ei.value.violations[0].rule == "schema"
 
 
+@pytest.mark.parametrize("key", ["seq_length", "micro_batch_size", "context_parallel_size", "moe_aux_loss_coeff"])
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_no_number(key, value):
+    """YAML ``seq_length: true`` is refused by name (pydantic's lax mode alone would read it as 1)."""
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({key: value})
+    v = ei.value.violations[0]
+    assert (v.keys, v.rule) == ((key,), "schema") and "expected a number, not a boolean" in v.problem
+    assert PackingConfig.from_dict({"pad_to_max_length": True}).pad_to_max_length is True
+
+
 def test_python_construction_and_assignment_are_type_checked():
     with pytest.raises(ValidationError):
         PackingConfig(seq_lenght=4096)

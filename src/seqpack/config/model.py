@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+import typing
 from typing import Any
 
 import yaml
@@ -168,6 +169,16 @@ class PackingConfig(BaseModel):
             )
         data.setdefault("packing", mode)
         return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
+        """YAML ``true``/``false`` is no number: pydantic's lax mode would read ``seq_length: true`` as 1."""
+        ann = cls.model_fields[info.field_name].annotation
+        kinds = (set(typing.get_args(ann)) or {ann}) - {type(None)}
+        if isinstance(v, bool) and kinds and kinds <= {int, float}:
+            raise PydanticCustomError("bool_not_number", "expected a number, not a boolean")
+        return v
 
     @field_validator("algorithm", mode="before")
     @classmethod
