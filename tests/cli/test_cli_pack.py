@@ -148,6 +148,7 @@ def test_inspect_writes_report_png(packed_dir, tmp_path):
     with Image.open(out / "report.png") as im:
         assert im.format == "PNG" and im.size[0] > 400
     target = tmp_path / "plots" / "r.png"
+    target.parent.mkdir()  # a missing folder is refused, not made (test_files_the_user_names_are_checked...)
     res = _run("inspect", out, "--plot", target)
     assert res.exit_code == 0 and target.is_file()
     assert load_packed(out)  # the PNG and cache do not break the dataset checks
@@ -279,3 +280,23 @@ def test_full_disk_is_a_plain_message_and_leaves_no_spill(tmp_path, monkeypatch)
     assert "no space left on the device while writing" in text
     assert f"in {tmp_path}" in text and "Fix: free space there" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_files_the_user_names_are_checked_and_no_folder_is_made(packed_dir, tmp_path):
+    """``inspect --plot`` and ``recipe -o``: a folder or a missing folder is one message (exit 1); nothing
+    is created; a plot path without a suffix is written, and reported, as ``.png``."""
+    out, _ = packed_dir
+    folder = tmp_path / "figs"
+    folder.mkdir()
+    missing = tmp_path / "no" / "such"
+    for args, says in [
+        (("inspect", out, "--plot", folder), f"plot {folder} is a folder; give a file name"),
+        (("inspect", out, "--plot", missing / "r.png"), f"the folder {missing} does not exist"),
+        (("recipe", "qwen3_sft", "-o", folder), f"recipe file {folder} is a folder"),
+        (("recipe", "qwen3_sft", "-o", missing / "r.yaml"), f"the folder {missing} does not exist"),
+    ]:
+        assert says in " ".join(_user_error(_run(*args), 1).split())
+    assert not (tmp_path / "no").exists() and list(folder.iterdir()) == []
+    res = _run("inspect", out, "--plot", tmp_path / "plot")
+    assert res.exit_code == 0 and f"wrote {tmp_path / 'plot.png'}" in " ".join(res.output.split())
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "plot").exists()

@@ -115,7 +115,12 @@ def recipe_cmd(
         fail(f"unknown recipe {name!r}; known: {', '.join(list_recipes())}", 1)
     text = recipe_text(name)
     if output is not None:
-        output.write_text(text, encoding="utf-8")
+        from seqpack.io.output_dir import check_output_file
+
+        try:
+            check_output_file(output, "recipe file").write_text(text, encoding="utf-8")
+        except OSError as exc:  # a folder, a missing folder, no permission: a message, not a traceback
+            fail(str(exc) if exc.filename is None else f"cannot write {exc.filename}: {exc.strerror}", 1)
         console.print(f"wrote {output}")
         return
     typer.echo(text, nl=False)

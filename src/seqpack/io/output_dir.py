@@ -46,6 +46,7 @@ __all__ = [
     "check_inputs_outside",
     "check_location",
     "check_output_dir",
+    "check_output_file",
     "fsync_dir",
     "fsync_file",
     "private_cache_root",
@@ -209,6 +210,22 @@ def check_inputs_outside(output: Path, inputs: Iterable[Any]) -> None:
         raise FileExistsError(
             f"input {shown} is inside the output folder {output}; writing the dataset there would replace or "
             "delete it. Move the input out of the folder, or choose another --output")
+
+
+def check_output_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a file the user asked seqpack to write (a plot, a recipe), checked before any work.
+
+    Raises:
+        IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it).
+        FileNotFoundError: its folder does not exist (never created: a typo must not make folders).
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise IsADirectoryError(f"{what} {p} is a folder; give a file name, e.g. {p / ('out' + (p.suffix or ''))}")
+    if not p.parent.is_dir():
+        raise FileNotFoundError(f"cannot write the {what} {p}: the folder {p.parent} does not exist; create it "
+                                "first or choose another path")
+    return p
 
 
 def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:

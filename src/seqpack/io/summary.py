@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.io.metadata import REPORT_PNG
+from seqpack.io.output_dir import check_output_file
 from seqpack.io.reader import PackedDataset, load_packed
 
 __all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
@@ -85,16 +86,21 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
 
     Raises:
         seqpack.io.PackedDatasetError: the directory is not a complete packed dataset.
+        IsADirectoryError, FileNotFoundError: ``out_path`` is a folder, or its folder does not exist
+            (:func:`seqpack.io.output_dir.check_output_file`; nothing is created).
         OSError: the PNG cannot be written (e.g. read-only directory: pass ``out_path``).
+
+    A path without a suffix gets ``.png`` (what is written is what is returned).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
+    out = check_output_file(out_path, "plot") if out_path is not None else ds.path / REPORT_PNG
+    out = out if out.suffix else out.with_name(out.name + ".png")
     m = ds.metadata
     lengths = ds.segment_lengths()
     fill = ds.column("num_tokens") / float(m.seq_length) if len(ds) else np.zeros(0)
-    out = Path(out_path) if out_path is not None else ds.path / REPORT_PNG
 
     fig = Figure(figsize=(11, 4.2), dpi=100)
     FigureCanvasAgg(fig)
@@ -112,6 +118,5 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
     )
     fig.suptitle(f"{ds.path.name}: seq_length {m.seq_length}, {m.algorithm}")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return out
