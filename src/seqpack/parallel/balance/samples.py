@@ -63,6 +63,8 @@ def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
 
 #: Inputs up to this many samples also try the local-search starts when the band schedule misses a goal.
 SEARCH_MAX_SAMPLES = 4096
+#: Inputs up to this many samples try every local-search start of step 5 (each costs milliseconds there).
+ALL_STARTS_MAX_SAMPLES = 256
 
 _SAMPLE_METHOD = ("pack_lengths + cost-sorted steps + vector LPT (Graham 1969) over packs, sample-level leveling "
                   "(length-matched swaps between packs, moves/swaps between a step's ranks)")
@@ -125,7 +127,9 @@ def balance_samples(
        back where a step's ranks are lowest; ``0.0`` = the packs as packed), by default "as packed"
        with several micro-batches only. (With one micro-batch, "as packed", no extra packs and steps
        grouped by token deficit cost 0.4-1.1 CPU-s each at 2,000 samples and were not picked on the
-       measured inputs, or only for a lower cost at a higher token spread.)
+       measured inputs, or only for a lower cost at a higher token spread.) Up to
+       :data:`ALL_STARTS_MAX_SAMPLES` samples every start is tried: also no extra packs, steps grouped
+       by token deficit, "pool" with 10 % of the full packs and sand 0.1.
 
     Token spread of a step is ``(max - min) / mean`` of its ranks' tokens; attention cost of a rank
     is ``sum(len**2)`` over the segments of its micro-batches (padded lengths: the kernel work on
@@ -185,12 +189,15 @@ def balance_samples(
     bins = _initial_packs(padded, capacity, pad, algorithm, seed)
     p = len(bins)
     p_ext = -(-p // dp) * dp
+    tiny = padded.size <= ALL_STARTS_MAX_SAMPLES  # every start costs milliseconds: try them all
     if sand_fractions is None:  # "as packed" with several micro-batches (where it wins; slow with one)
-        sand_fractions = (0.0,) if mb > 1 else ()
+        sand_fractions = (0.0, 0.1) if tiny else (0.0,) if mb > 1 else ()
     # None: the band schedule; then (small inputs only) the "pool" start (sand value -1: full packs apart, the
-    # rest re-packed evenly) and the "sand" starts asked for
+    # rest re-packed evenly; -2: also 10 % of the full packs, tiny inputs) and the "sand" starts asked for
     sand_fractions = tuple(float(f) for f in sand_fractions)
-    search = [(True, -1.0, formation)] + [(True, f, formation) for f in sand_fractions]
+    search = [(True, -1.0, formation)] + [(True, -2.0, formation)] * tiny + [(True, f, formation) for f in sand_fractions]
+    if tiny:  # no extra packs; steps grouped by token deficit (equal-length long samples together)
+        search += [(False, 0.0, "auto")] * (p_ext > p) + [(False, 0.0, "deficit")]
     variants = [(True, None, formation)]
     last = [] if 0.0 in sand_fractions else [(True, 0.0, formation)]  # when no other start fits
     best = None
