@@ -115,7 +115,7 @@ def recipe_cmd(
         fail(f"unknown recipe {name!r}; known: {', '.join(list_recipes())}", 1)
     text = recipe_text(name)
     if output is not None:
-        from seqpack.io.output_dir import check_output_file
+        from seqpack.io import check_output_file  # defers pyarrow (the seqpack.io package)
 
         try:
             check_output_file(output, "recipe file").write_text(text, encoding="utf-8")

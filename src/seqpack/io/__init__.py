@@ -21,7 +21,7 @@ from seqpack.io.metadata import (
     StalePackedDatasetError,
 )
 from seqpack.io.reader import EXPECT_KEYS, MEDIA_EXPECT_KEYS, PackedDataset, load_packed
-from seqpack.io.output_dir import check_output_dir
+from seqpack.io.output_dir import check_output_dir, check_output_file
 from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, write_packed
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "ShardInfo",
     "StalePackedDatasetError",
     "check_output_dir",
+    "check_output_file",
     "compute_fingerprint",
     "describe_input",
     "load_packed",
