@@ -174,9 +174,11 @@ class PackingConfig(BaseModel):
     @classmethod
     def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
         """YAML ``true``/``false`` is no number: pydantic's lax mode would read ``seq_length: true`` as 1."""
+        if not isinstance(v, bool):  # the common case: nothing to look up
+            return v
         ann = cls.model_fields[info.field_name].annotation
         kinds = (set(typing.get_args(ann)) or {ann}) - {type(None)}
-        if isinstance(v, bool) and kinds and kinds <= {int, float}:
+        if kinds and kinds <= {int, float}:
             raise PydanticCustomError("bool_not_number", "expected a number, not a boolean")
         return v
 
