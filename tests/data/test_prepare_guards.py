@@ -26,8 +26,11 @@ def _llava(tmp_path):
 def test_prepare_refuses_image_records_and_names_the_fix(tmp_path, qwen3_tokenizer):
     p = _llava(tmp_path)
     for on_error in ("raise", "skip"):  # a usage error, never a skipped record
-        with pytest.raises(DataFormatError, match=r"record llava\.json:1 has images \(1\).*prepare_multimodal"):
+        with pytest.raises(DataFormatError, match=r"has images \(1; sample llava\.json:1\).*prepare_multimodal") as e:
             prepare(p, qwen3_tokenizer, seq_length=512, on_error=on_error)
+        # the file is named as given (not "<input>"), with the record's index
+        assert (e.value.source, e.value.index, e.value.reason) == (str(p), 1, "bad_input")
+        assert str(e.value).startswith(f"{p}, record 1: has images")
     # the media path takes the same file: the image becomes its run of image tokens
     samples, _ = prepare_multimodal(p, qwen3_tokenizer, seq_length=512)
     img = qwen3_tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -41,3 +44,12 @@ def test_prepare_progress_has_a_total_for_jsonl(tmp_path, qwen3_tokenizer):
     calls = []
     prepare(p, qwen3_tokenizer, seq_length=128, progress=lambda *a: calls.append(a))
     assert calls and all(total == 5 for _, _, total in calls) and calls[-1][1] == 5
+
+
+def test_prepare_progress_total_counts_lone_cr_lines(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "mac.jsonl"
+    rec = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    p.write_bytes(("\r".join(json.dumps(rec) for _ in range(3)) + "\r").encode())  # classic Mac OS line ends
+    calls = []
+    samples, _ = prepare(p, qwen3_tokenizer, seq_length=128, progress=lambda *a: calls.append(a))
+    assert len(samples) == 3 and calls and all(total == 3 for _, _, total in calls)

@@ -177,3 +177,78 @@ def test_files_sharing_a_name_get_shortest_unique_path_suffix(tmp_path, qwen3_to
     samples, rep = prepare(paths, qwen3_tokenizer, seq_length=64)
     assert [s.sample_id for s in samples] == ["a/x.json:0", "b/x.json:0", "p/c/y.json:0", "q/c/y.json:0", "z.json:0"]
     assert rep.records_read == 5
+
+
+# ------------------------------------------------- 7. line ends and the shape of a whole JSON file
+
+
+@pytest.mark.parametrize("indent_kind", ["array", "objects"])
+def test_pretty_printed_json_in_a_jsonl_file_is_one_error_naming_the_rename(tmp_path, qwen3_tokenizer, indent_kind):
+    p = tmp_path / "pretty.jsonl"
+    if indent_kind == "array":
+        p.write_text(json.dumps([GOOD, GOOD], indent=2) + "\n")
+    else:
+        p.write_text("\n".join(json.dumps(GOOD, indent=2) for _ in range(2)) + "\n")
+    for on_error in ("raise", "skip"):  # a whole-file refusal, not one skipped record per line
+        with pytest.raises(DataFormatError) as ei:
+            prepare(p, qwen3_tokenizer, seq_length=64, on_error=on_error)
+        e = ei.value
+        assert (e.source, e.line, e.reason) == (str(p), 1, "malformed_json")
+        assert str(e).startswith(f"{p}, line 1: looks like ")
+        if indent_kind == "array":
+            assert "a JSON array written over several lines" in str(e) and "rename it to pretty.json" in e.fix
+        else:
+            assert "JSON records written over several lines" in str(e) and "one record per line" in e.fix
+    renamed = p.rename(tmp_path / "pretty.json")
+    if indent_kind == "array":  # the fix named works
+        samples, rep = prepare(renamed, qwen3_tokenizer, seq_length=64)
+        assert rep.records_read == 2 and [s.sample_id for s in samples] == ["pretty.json:0", "pretty.json:1"]
+
+
+@pytest.mark.parametrize("chunk", [None, 7])  # 7 bytes: lines and CRLF pairs cut across reads
+def test_lone_cr_line_ends_split_like_universal_newlines(tmp_path, qwen3_tokenizer, monkeypatch, chunk):
+    from seqpack.data import json_files
+
+    if chunk:
+        monkeypatch.setattr(json_files, "_CHUNK", chunk)
+    good = json.dumps(GOOD)
+    p = tmp_path / "mac.jsonl"
+    p.write_bytes(f"{good}\r{{bad\r\r{good}\r\n{good}\n{good}".encode())  # CR first, then CR CR / CRLF / LF / EOF
+    assert [(r.line, r.error is None) for r in iter_records(p)] == [
+        (1, True), (2, False), (4, True), (5, True), (6, True)]
+    with pytest.raises(DataFormatError) as ei:
+        prepare(p, qwen3_tokenizer, seq_length=64)
+    assert (ei.value.line, ei.value.reason) == (2, "malformed_json") and f"{p}, line 2: malformed JSON" in str(ei.value)
+    samples, rep = prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert [s.index for s in samples] == [0, 3, 4, 5]
+    assert [(x.reason, x.index) for x in rep.entries] == [("malformed_json", 1)]
+    crlf = tmp_path / "dos.jsonl"  # CRLF files keep being read line by line, CR kept as JSON whitespace
+    crlf.write_bytes(f"{good}\r\n{{bad\r\n{good}\r\n".encode())
+    assert [(r.line, r.error is None) for r in iter_records(crlf)] == [(1, True), (2, False), (3, True)]
+
+
+def test_text_after_the_top_level_value_of_a_json_file_names_its_line(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps([GOOD, GOOD], indent=1) + "\n\ngarbage here\n")
+    n_lines = json.dumps([GOOD, GOOD], indent=1).count("\n") + 1
+    for on_error in ("raise", "skip"):
+        with pytest.raises(DataFormatError) as ei:
+            prepare(p, qwen3_tokenizer, seq_length=64, on_error=on_error)
+        e = ei.value
+        assert (e.source, e.line, e.reason) == (str(p), n_lines + 2, "malformed_json")
+        assert f"the array ends at line {n_lines}, column 1, and 'garbage here' follows at line {n_lines + 2}" in str(e)
+        assert "delete what follows the top-level value" in e.fix
+    one_line = tmp_path / "o.json"  # a second array after a one-line array: not JSON Lines either
+    one_line.write_text(json.dumps([GOOD]) + "\n" + json.dumps([GOOD]) + "\n")
+    with pytest.raises(DataFormatError, match=r"o\.json, line 2: has text after its top-level JSON array"):
+        prepare(one_line, qwen3_tokenizer, seq_length=64)
+
+
+def test_an_unfinished_first_jsonl_line_before_a_valid_one_is_one_bad_record(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "cut.jsonl"  # a truncated first record, not a pretty-printed file: only it is skipped
+    p.write_text('{"messages": [\n' + json.dumps(GOOD) + "\n[\n")
+    samples, rep = prepare(p, qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert [s.index for s in samples] == [1]
+    assert [(x.reason, x.index) for x in rep.entries] == [("malformed_json", 0), ("malformed_json", 2)]
+    with pytest.raises(DataFormatError, match=r"cut\.jsonl, line 1: malformed JSON \(Expecting value"):
+        prepare(p, qwen3_tokenizer, seq_length=64)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 from seqpack.accounting import PrepareReport
 from seqpack.data.chat_template import TRAIN_ON, TemplateMarkers
 from seqpack.data.formats import FORMATS
+from seqpack.data.json_files import jsonl_lines
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
 from seqpack.data.llamafactory import LlamaFactorySource
 from seqpack.data.media_root import MediaRoot
@@ -195,14 +196,16 @@ def prepare(
 
 
 def _refuse_images(samples: list[Sample]) -> None:
-    """Raise :class:`DataFormatError` for the first sample that has images (see ``prepare``)."""
+    """Raise :class:`DataFormatError` for the first sample that has images (see ``prepare``), naming the
+    sample's source (the file path as given, or the dataset name) and record index."""
     for smp in samples:
         if (smp.media or {}).get("images"):
             raise DataFormatError(
-                f"record {smp.sample_id} has images ({len(smp.media['images'])}); prepare() tokenizes text only "
+                f"has images ({len(smp.media['images'])}; sample {smp.sample_id}); prepare() tokenizes text only "
                 "and would keep each <image> as a literal placeholder token instead of the model's image "
-                "tokens. Fix: use seqpack.data.media.prepare_multimodal(inputs, tokenizer, seq_length=..., "
-                "image_processor=...) for image-text records, or `seqpack pack` (it expands images)"
+                "tokens.", source=smp.source, index=smp.index, reason="bad_input",
+                fix="use seqpack.data.media.prepare_multimodal(inputs, tokenizer, seq_length=..., "
+                "image_processor=...) for image-text records, or `seqpack pack` (it expands images).",
             )
 
 
@@ -314,7 +317,7 @@ def _cheap_count(it: Any) -> int | None:
     if isinstance(it, (str, os.PathLike)):
         if str(it).lower().endswith(".jsonl") and os.path.isfile(it):
             with open(it, "rb") as f:
-                return sum(1 for line in f if line.strip())
+                return sum(1 for _, line in jsonl_lines(f) if line.strip())
         return None
     if not is_dataset(it):
         return None

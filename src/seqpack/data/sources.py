@@ -3,7 +3,8 @@
 
 Text files are UTF-8 (a leading UTF-8 byte-order mark is accepted). JSONL is decoded line by line, so a
 line that is not valid UTF-8 is one bad record (``reason="bad_encoding"``), skippable like malformed
-JSON; in a ``.json`` array it makes the whole file unreadable.
+JSON; in a ``.json`` array it makes the whole file unreadable. JSON and JSONL reading, line ends and
+the refusals of whole files: ``seqpack.data.json_files``.
 
 Arrow-sourced records (Parquet files, HF ``datasets``) are cleaned of ``None``-valued keys, recursively
 (``strip_arrow_nulls``): Arrow stores one struct type per column, the union of the keys of all rows,
@@ -16,14 +17,14 @@ absent key and is dropped too; JSON / JSONL files and in-memory record lists kee
 from __future__ import annotations
 
 import glob as _glob
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from seqpack.data.json_files import iter_json, iter_jsonl
 from seqpack.data.llamafactory import LlamaFactorySource, is_dataset_info, read_dataset_info
-from seqpack.data.records import DataFormatError, RawRecord, json_kind
+from seqpack.data.records import DataFormatError, RawRecord
 
 __all__ = [
     "InMemoryRecords",
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_BOM = b"\xef\xbb\xbf"
 
 
 class InMemoryRecords(list):
@@ -206,36 +206,9 @@ def iter_records(item: Any, on_count: Callable[[int], None] | None = None) -> It
         for i, row in enumerate(ds):
             yield RawRecord(strip_arrow_nulls(row), src, i, base_dir=path.resolve() if path.is_dir() else base)
     elif suffix in (".jsonl", ".ndjson"):
-        yield from _iter_jsonl(path, base)
+        yield from iter_jsonl(path, base)
     elif suffix == ".json":
-        text = _decode_whole(path)
-        try:
-            data = json.loads(text)
-            del text  # the parsed records hold their own strings: one copy of a large file, not two
-        except (ValueError, RecursionError) as e:
-            if getattr(e, "msg", None) == "Extra data":  # a .json file holding JSON lines
-                yield from _iter_jsonl(path, base)
-                return
-            raise DataFormatError(
-                f"is not valid JSON ({_json_problem(e, with_line=True)}).",
-                source=src,
-                line=getattr(e, "lineno", None),
-                reason="malformed_json",
-                fix="repair the JSON (a JSON file must hold one array of records; use .jsonl for one record per line).",
-            ) from None
-        if isinstance(data, dict):
-            data = [data]
-        if on_count is not None and isinstance(data, list):
-            on_count(len(data))
-        if not isinstance(data, list):
-            raise DataFormatError(
-                f"top-level JSON value is {json_kind(data)}, expected an array of records.",
-                source=src,
-                reason="unknown_format",
-                fix="store the records as a JSON array [{...}, {...}] or as JSONL.",
-            )
-        for i, rec in enumerate(data):
-            yield RawRecord(rec, src, i, base_dir=base)
+        yield from iter_json(path, base, on_count)
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -287,96 +260,3 @@ def strip_arrow_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [strip_arrow_nulls(v) for v in value]
     return value
-
-
-def _refuse_wide_encoding(path: Path, head: bytes) -> None:
-    """Refuse a UTF-16 / UTF-32 file (``head``: its first 4 bytes) as one whole-file error, before its NUL
-    bytes make every line look like a bad record. The encoding is told by the BOM or, without one, by the
-    NUL-byte pattern of the first ASCII characters (RFC 4627, section 3; ``json.detect_encoding``)."""
-    enc = json.detect_encoding(head) if len(head) >= 2 else "utf-8"
-    if enc.replace("-sig", "") == "utf-8":
-        return
-    iconv = enc.upper().replace("-LE", "LE").replace("-BE", "BE")  # iconv's names: UTF-16, UTF-16LE, ...
-    raise DataFormatError(
-        f"is {enc.upper()} text; seqpack reads UTF-8 only.",
-        source=str(path),
-        reason="bad_encoding",
-        fix=f"convert it: `iconv -f {iconv} -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}` "
-        f"(or in Python: `open(out, 'w', encoding='utf-8').write(open(src, encoding='{enc}').read())`).",
-    )
-
-
-def _decode_whole(path: Path) -> str:
-    """Read a whole text file as UTF-8 (a leading BOM is dropped); bad bytes raise with line/column."""
-    data = path.read_bytes()
-    _refuse_wide_encoding(path, data[:4])
-    if data.startswith(_BOM):
-        data = data[len(_BOM):]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataFormatError(
-            f"is not valid UTF-8 (byte 0x{data[e.start]:02x} at line {line}, byte column {col}).",
-            source=str(path),
-            line=line,
-            reason="bad_encoding",
-            fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.json > out.json`), "
-            "or store the records as JSONL, where an undecodable line can be skipped with on_error='skip'.",
-        ) from None
-
-
-def _json_problem(e: BaseException, *, with_line: bool = False) -> str:
-    """What is wrong with a JSON text, for a message: the decoder's complaint and column, nesting too deep
-    for Python's parser, or an integer too long to convert (CPython's 4300-digit limit)."""
-    if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} at line {e.lineno}, column {e.colno}" if with_line else f"{e.msg} at column {e.colno}"
-    if isinstance(e, RecursionError):
-        return "nested too deeply for the JSON parser"
-    if "integer string conversion" in str(e):
-        return "an integer with more than 4300 digits"
-    return str(e)
-
-
-def _iter_jsonl(path: Path, base: Path) -> Iterator[RawRecord]:
-    """One ``RawRecord`` per non-blank line; lines are split on ``\\n`` as bytes and decoded one by one,
-    so bad UTF-8 or bad JSON on one line makes only that record carry an ``error``."""
-    src = str(path)
-    with open(path, "rb") as f:
-        _refuse_wide_encoding(path, f.read(4))
-        f.seek(0)
-        for lineno, raw_line in enumerate(f, start=1):
-            if lineno == 1 and raw_line.startswith(_BOM):
-                raw_line = raw_line[len(_BOM):]
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                err = DataFormatError(
-                    f"not valid UTF-8 (byte 0x{raw_line[e.start]:02x} at byte column {e.start + 1}).",
-                    source=src,
-                    index=lineno - 1,
-                    line=lineno,
-                    reason="bad_encoding",
-                    fix="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.jsonl > out.jsonl`), "
-                    "or repair / remove this line; on_error='skip' skips and reports it.",
-                )
-                yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
-                continue
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                err = DataFormatError(
-                    f"malformed JSON ({_json_problem(e)}).",
-                    source=src,
-                    index=lineno - 1,
-                    line=lineno,
-                    reason="malformed_json",
-                    fix="repair or remove this line (each JSONL line must be one complete JSON object).",
-                )
-                yield RawRecord(None, src, lineno - 1, line=lineno, base_dir=base, error=err)
-                continue
-            del raw_line, line  # while the record is prepared, only its parsed copy stays in memory
-            yield RawRecord(rec, src, lineno - 1, line=lineno, base_dir=base)
