@@ -329,3 +329,38 @@ def test_nothing_left_to_pack_is_an_error_and_writes_nothing(tmp_path, qwen3_tok
     with pytest.raises(NothingToPackError, match=r"1 record\(s\) read.*dropped"):
         pack_dataset(data, tmp_path / "o", tokenizer=qwen3_tokenizer, seq_length=64, overlength="drop")
     assert not (tmp_path / "o").exists()
+
+
+def test_every_record_bad_lists_each_in_a_report_beside_the_output_and_keeps_the_old_dataset(
+    tmp_path, qwen3_tokenizer
+):
+    """on_error='skip' with no good record: an error (CLI exit 1) naming the report beside the output,
+    which lists every record with its reason (written by the same writer as a dataset's report.jsonl);
+    a dataset already at the output is left byte for byte; the next successful run removes the report."""
+    from seqpack.cli import app
+    from seqpack.pipeline import NothingToPackError
+    from typer.testing import CliRunner
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(_chat("hi", "hello") + "\n")
+    out = tmp_path / "o"
+    pack_dataset(good, out, tokenizer=qwen3_tokenizer, seq_length=64)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n" + _chat("long?", " ".join(["w"] * 300)) + "\n[1, 2]\n")
+    with pytest.raises(NothingToPackError) as ei:
+        pack_dataset(bad, out, tokenizer=qwen3_tokenizer, seq_length=64, overlength="drop", on_error="skip",
+                     overwrite=True)
+    report = tmp_path / "o.report.jsonl"
+    assert str(report) in str(ei.value) and "left as it was" in str(ei.value)
+    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    assert sorted((r["sample_id"], r["status"]) for r in rows) == [
+        ("bad.jsonl:0", "skipped"), ("bad.jsonl:1", "dropped"), ("bad.jsonl:2", "skipped")]
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    report.unlink()
+    r = CliRunner().invoke(app, ["pack", str(bad), "-o", str(tmp_path / "c"), "--seq-length", "64",
+                                 "--overlength", "drop", "--on-error", "skip", "-q"])
+    assert r.exit_code == 1 and "c.report.jsonl" in r.output and "Traceback" not in r.output
+    assert len((tmp_path / "c.report.jsonl").read_text().splitlines()) == 3 and not (tmp_path / "c").exists()
+    pack_dataset(good, tmp_path / "c", tokenizer=qwen3_tokenizer, seq_length=64)
+    assert not (tmp_path / "c.report.jsonl").exists()

@@ -19,7 +19,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 from seqpack import __version__
 from seqpack.io.fingerprint import metadata_digest, sha256_file
 from seqpack.io.metadata import check_metadata
+from seqpack.io.report_file import write_report
 from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
 from seqpack.io.metadata import (
     DATA_DIR,
@@ -301,14 +301,7 @@ class PackedWriter:
             metadata.seqpack_version = __version__
             metadata.created_at = created_at()
             check_metadata(metadata.to_dict(), "the metadata to write")  # what a reader will check, refused now
-            rep = self.tmp / REPORT_FILE
-            with open(rep, "w", encoding="utf-8") as f:
-                for e in report_entries:
-                    d = asdict(e) if hasattr(e, "__dataclass_fields__") else dict(e)
-                    f.write(json.dumps(d, ensure_ascii=False, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            metadata.report_sha256 = sha256_file(rep)
+            metadata.report_sha256 = write_report(self.tmp / REPORT_FILE, report_entries)
             metadata.metadata_sha256 = metadata_digest(metadata)
             meta_tmp = self.tmp / (METADATA_FILE + ".partial")
             with open(meta_tmp, "w", encoding="utf-8") as f:

@@ -23,6 +23,8 @@ from seqpack.data.prepare import UNLIMITED, display_names, rename_source
 from seqpack.accounting import PrepareReport
 from seqpack.data.sources import InMemoryRecords
 from seqpack.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from seqpack.io.metadata import METADATA_FILE
+from seqpack.io.report_file import rejected_report_path, write_rejected_report
 from seqpack.io.writer import PackedWriter
 from seqpack.pipeline.job import NothingToPackError, PackJob, resolve_image_processor
 
@@ -270,8 +272,13 @@ def check_prepared(
 ) -> None:
     """Log what was prepared (and each input holding no record); raise when nothing is left to pack.
 
+    When records were read but none is usable, every one of them is first listed with its reason in
+    ``<output>.report.jsonl`` beside the output folder (:func:`seqpack.io.report_file.write_rejected_report`);
+    the output folder itself, and any dataset already in it, is not touched.
+
     Raises:
-        NothingToPackError: no sample left; names the inputs, the counts by status and reason, the fix.
+        NothingToPackError: no sample left; names the inputs, the counts by status and reason, the
+            report file, the fix.
     """
     say(f"prepared {num_samples} samples from {report.records_read} records"
         + (f" ({stats['images']} images, {stats['image_tokens']} image tokens)" if stats.get("images") else ""))
@@ -287,12 +294,15 @@ def check_prepared(
             "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
             "with one record per line, or Parquet) and that it is not empty"
         )
+    listed = write_rejected_report(job.output, report.entries)
     raise NothingToPackError(
         f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-        f"(by status and reason: {report.by_reason()}). Fix: check format={job.format or 'auto'!r}; for "
-        f"overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}; for skipped "
-        "records fix them (each is named when packing with on_error='raise')"
+        f"(by status and reason: {report.by_reason()}; each record with its reason in {listed}). Fix: check "
+        f"format={job.format or 'auto'!r}; for overlength drops raise seq_length={job.seq_length} or change "
+        f"overlength={job.overlength!r}; for skipped records fix them (each is named when packing with "
+        "on_error='raise')"
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
+        + (f"; the dataset already at {job.output} was left as it was" if (job.output / METADATA_FILE).exists() else "")
     )
 
 
@@ -352,10 +362,13 @@ def build_rows(
 
 def write(job: PackJob, rows: Iterator[Any], metadata: Any, entries: Sequence[Any]) -> Any:
     """Write ``rows`` and publish the dataset atomically (``seqpack.io.PackedWriter``: shards,
-    ``report.jsonl`` from ``entries``, then ``metadata.json``); returns the final metadata."""
+    ``report.jsonl`` from ``entries``, then ``metadata.json``); returns the final metadata. An earlier
+    run's ``<output>.report.jsonl`` (written when it packed nothing) is removed once this one is published."""
     with PackedWriter(job.output, overwrite=job.overwrite, rows_per_shard=job.rows_per_shard) as w:
         w.write_all(rows)
-        return w.finalize(metadata, entries)
+        meta = w.finalize(metadata, entries)
+    rejected_report_path(job.output).unlink(missing_ok=True)  # an earlier run's, now out of date
+    return meta
 
 
 def timings(t0: float, t_prep: float, t_plan: float, t_end: float) -> dict[str, float]:
