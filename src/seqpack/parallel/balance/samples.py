@@ -63,6 +63,8 @@ def _finish(bins, grids, padded, dp, mb, capacity, pad, extra, method):
 
 #: Inputs up to this many samples also try the local-search starts when the band schedule misses a goal.
 SEARCH_MAX_SAMPLES = 4096
+#: ``stop_score`` (None) of the band schedule's leveled steps and of the local-search starts.
+BAND_STOP_SCORE, SEARCH_STOP_SCORE = 0.9, 0.5
 #: Inputs up to this many samples try every local-search start of step 5 (each costs milliseconds there).
 ALL_STARTS_MAX_SAMPLES = 256
 
@@ -82,7 +84,7 @@ def balance_samples(
     shuffle_steps: bool = True,
     token_tolerance: float = 1e-3,
     cost_tolerance: float = 0.05,
-    stop_score: float = 0.5,
+    stop_score: float | None = None,
     max_iter: int = 40,
     cross_iters: int | None = None,
     sand_fractions: Sequence[float] | None = None,
@@ -155,8 +157,10 @@ def balance_samples(
         seed: seed for packing, the step order and the repair's random choices.
         shuffle_steps: shuffle steps (the remainder step stays last).
         token_tolerance, cost_tolerance: scales of the step score (targets: 0.1 %, 1.05).
-        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target);
-            in the band schedule it only applies to the steps leveled (those off target).
+        stop_score: leveling of a step stops once its score is at or below this (1.0 = on target); None =
+            :data:`BAND_STOP_SCORE` for the steps the band schedule levels (those off target; lower costs
+            time, e.g. 0.5 doubles it on some inputs, for figures measured equal) and
+            :data:`SEARCH_STOP_SCORE` for the local-search starts (step 5).
         max_iter: best-improvement iterations per step and leveling call (steps 3, 4).
         cross_iters: budget of cross-step repairs (None = ``4 * steps leveled + 200``: the band
             schedule levels its off-target steps only, the local-search starts all steps; 0 disables).
@@ -208,11 +212,13 @@ def balance_samples(
         extra = p_ext - p if with_extra else 0
         if frac is None:
             got = band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, token_tolerance,
-                                  cost_tolerance, stop_score, max_iter, cross_iters, form)
+                                  cost_tolerance, BAND_STOP_SCORE if stop_score is None else stop_score, max_iter,
+                                  cross_iters, form)
             what = "band schedule: loads evened by length-matched swaps, packs in cost bands"
         else:
             got = pack_then_level(bins + [np.zeros(0, dtype=np.int64)] * extra, padded, capacity, pad, dp, mb, frac,
-                                  seed, shuffle_steps, token_tolerance, cost_tolerance, stop_score, max_iter,
+                                  seed, shuffle_steps, token_tolerance, cost_tolerance,
+                                  SEARCH_STOP_SCORE if stop_score is None else stop_score, max_iter,
                                   cross_iters, form)
             what = (f"sand {frac:g} of tokens re-poured" if frac > 0 else "as packed") if frac >= 0 else \
                 "full packs apart, the others re-packed evenly (LPT)" + (" with 10% of the full ones" if frac < -1.5
