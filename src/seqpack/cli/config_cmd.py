@@ -123,7 +123,7 @@ def recipe_cmd(
         from seqpack.io import check_output_file  # defers pyarrow (the seqpack.io package)
 
         try:
-            check_output_file(output, "recipe file").write_text(text, encoding="utf-8")
+            check_output_file(output, "recipe file", f"{name}.yaml").write_text(text, encoding="utf-8")
         except OSError as exc:  # a folder, a missing folder, no permission: a message, not a traceback
             fail(str(exc) if exc.filename is None else f"cannot write {exc.filename}: {exc.strerror}", 1)
         console.print(f"wrote {output}")
