@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from seqpack.cli.app import app
+from seqpack.cli.app import app, reflow_help
 from seqpack_bench.cli.bench import bench_app
 from seqpack_bench.cli.train import register as register_train
 
@@ -30,6 +30,7 @@ def ensure_commands(target: typer.Typer = app) -> typer.Typer:
         target.add_typer(bench_app, name="bench")
     if "train" not in commands:
         register_train(target)
+    reflow_help(target)
     return target
 
 

@@ -290,7 +290,7 @@ def test_files_the_user_names_are_checked_and_no_folder_is_made(packed_dir, tmp_
     folder.mkdir()
     missing = tmp_path / "no" / "such"
     for args, says in [
-        (("inspect", out, "--plot", folder), f"plot {folder} is a folder; give a file name"),
+        (("inspect", out, "--plot", folder), f"plot {folder} is a folder, not a file; give a file name, e.g. {folder / 'report.png'}"),
         (("inspect", out, "--plot", missing / "r.png"), f"the folder {missing} does not exist"),
         (("recipe", "qwen3_sft", "-o", folder), f"recipe file {folder} is a folder"),
         (("recipe", "qwen3_sft", "-o", missing / "r.yaml"), f"the folder {missing} does not exist"),

@@ -11,7 +11,7 @@ import typer
 # Importing a command module registers its commands on ``app``, in `seqpack --help` order (pack_cmd
 # first); the plugins' commands follow (``load_plugins`` below).
 from seqpack.cli import pack_cmd, config_cmd  # noqa: F401  # isort: skip
-from seqpack.cli.app import app
+from seqpack.cli.app import app, reflow_help
 
 #: entry-point group of command plugins (see :func:`load_plugins`).
 PLUGIN_GROUP = "seqpack.cli"
@@ -67,6 +67,7 @@ class _NoTorchNotice:
 
 logging.getLogger("transformers").addFilter(_NoTorchNotice())  # before a plugin or command imports it
 load_plugins(app)
+reflow_help(app)  # after the plugins: their help is reflowed too
 
 
 def main(argv: list[str] | None = None) -> None:

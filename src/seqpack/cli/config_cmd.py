@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app, fail, load_config, print_violations
+from seqpack.cli.app import app, fail, load_config, print_violations, require_path_kind
 from seqpack.config import (
     ConfigValidationError,
     get_family,
@@ -52,6 +52,11 @@ def validate_cmd(
         fail(f"--format must be 'table' or 'json', got {output_format!r}")
     if packed_dir is not None and not check_data:
         fail("PACKED_DIR asks for a data check but --no-check-data turns it off; drop one of them")
+    require_path_kind(config, "file", "config", "pass a packing config file (.yaml/.yml/.json) or a recipe name "
+                      "(`seqpack recipe` lists them)", 1)
+    if packed_dir is not None:
+        require_path_kind(packed_dir, "folder", "PACKED_DIR", "pass the packed dataset folder (what `seqpack pack "
+                          "--output` wrote), or omit it", 1)
     source = str(config)
     notes: list[str] = []
     data_path: Optional[str] = None
@@ -118,7 +123,7 @@ def recipe_cmd(
         from seqpack.io import check_output_file  # defers pyarrow (the seqpack.io package)
 
         try:
-            check_output_file(output, "recipe file").write_text(text, encoding="utf-8")
+            check_output_file(output, "recipe file", f"{name}.yaml").write_text(text, encoding="utf-8")
         except OSError as exc:  # a folder, a missing folder, no permission: a message, not a traceback
             fail(str(exc) if exc.filename is None else f"cannot write {exc.filename}: {exc.strerror}", 1)
         console.print(f"wrote {output}")

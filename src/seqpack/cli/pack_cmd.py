@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from seqpack.algorithms import DEFAULT_ALGORITHM, PackingAlgorithm
-from seqpack.cli.app import app, err_console as _err, fail as _fail, load_config, print_violations
+from seqpack.cli.app import (app, err_console as _err, fail as _fail, load_config, print_violations,
+                             require_path_kind)
 from seqpack.config import ConfigValidationError
 from seqpack.data.llamafactory import is_dataset_info, read_dataset_info
 from seqpack.data.procs import WorkerDiedError
@@ -229,6 +230,8 @@ def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
     a rule, a key that contradicts offline packing) prints the same table on stderr and exits with 2,
     before any data is read.
     """
+    require_path_kind(config, "file", "--config", "pass a packing config file (.yaml/.yml/.json) or a recipe name "
+                      "(`seqpack recipe` lists them)", 2)
     source = str(config)
     try:
         cfg, source = load_config(config)
@@ -305,6 +308,7 @@ def inspect(
     from seqpack.io import load_packed  # defers pyarrow until the command runs
     from seqpack.io.summary import plot_report, summary_rows
 
+    require_path_kind(path, "folder", "packed dataset", "pass the folder `seqpack pack --output` wrote", 1)
     try:
         ds = load_packed(path, verify=verify)
         if verify:

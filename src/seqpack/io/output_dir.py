@@ -212,16 +212,18 @@ def check_inputs_outside(output: Path, inputs: Iterable[Any]) -> None:
             "delete it. Move the input out of the folder, or choose another --output")
 
 
-def check_output_file(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a file the user asked seqpack to write (a plot, a recipe), checked before any work.
+def check_output_file(path: str | os.PathLike, what: str, example: str = "out") -> Path:
+    """``path`` as a file the user asked seqpack to write (a plot, a recipe), checked before any work;
+    ``example`` is the file name the message suggests inside a folder given instead.
 
     Raises:
-        IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it).
+        IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it,
+            e.g. ``<path>/<example>``).
         FileNotFoundError: its folder does not exist (never created: a typo must not make folders).
     """
     p = Path(path).expanduser()
     if p.is_dir():
-        raise IsADirectoryError(f"{what} {p} is a folder; give a file name, e.g. {p / ('out' + (p.suffix or ''))}")
+        raise IsADirectoryError(f"{what} {p} is a folder, not a file; give a file name, e.g. {p / example}")
     if not p.parent.is_dir():
         raise FileNotFoundError(f"cannot write the {what} {p}: the folder {p.parent} does not exist; create it "
                                 "first or choose another path")

@@ -372,7 +372,8 @@ def load_packed(
     """
     p = Path(path)
     if not p.is_dir():
-        raise PackedDatasetError(f"packed dataset {p} does not exist (or is not a directory)")
+        what = "is a file, not a folder" if p.exists() else "does not exist"
+        raise PackedDatasetError(f"packed dataset {p} {what}; pass the folder `seqpack pack` (or pack_dataset) wrote")
     meta = PackedMetadata.read(p)
     if verify:
         verify_metadata(p, meta)

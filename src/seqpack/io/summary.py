@@ -96,7 +96,7 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
     from matplotlib.figure import Figure
 
     ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
-    out = check_output_file(out_path, "plot") if out_path is not None else ds.path / REPORT_PNG
+    out = check_output_file(out_path, "plot", REPORT_PNG) if out_path is not None else ds.path / REPORT_PNG
     out = out if out.suffix else out.with_name(out.name + ".png")
     m = ds.metadata
     lengths = ds.segment_lengths()

@@ -1,0 +1,110 @@
+"""A folder where a command reads or writes a file (`validate DIR`, `pack --config DIR`, `recipe -o DIR`,
+`inspect --plot DIR`), or a file where it reads a folder (`inspect FILE`, `validate CONFIG FILE`): one
+plain message on stderr saying which it is and what to run instead, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from seqpack.cli import app
+from seqpack.cli.app import path_kind_problem
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _error(r, code: int) -> str:
+    """The one error line of a user error (exit ``code``, nothing on stdout, no traceback)."""
+    assert r.exit_code == code, r.output
+    assert r.stdout == "" and r.exception is None or isinstance(r.exception, SystemExit), r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """A packed dataset (the embedded demo data) in a folder whose name has a space."""
+    out = tmp_path_factory.mktemp("cli_paths") / "my packed"
+    r = _run("pack", "-o", out, "-q", "--seq-length", 512)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_validate_a_folder_says_it_is_a_folder_not_a_missing_file(tmp_path):
+    msg = _error(_run("validate", tmp_path), 1)
+    assert msg == (f"error: config {tmp_path} is a folder, not a file. Fix: pass a packing config file "
+                   "(.yaml/.yml/.json) or a recipe name (`seqpack recipe` lists them)")
+    assert "not found" not in msg
+
+
+def test_validate_a_packed_dataset_suggests_inspect_verify_which_works(packed):
+    msg = _error(_run("validate", packed), 1)
+    hint = f"run `seqpack inspect {shlex.quote(str(packed))} --verify`"
+    assert f"config {packed} is a folder, not a file. It holds a packed dataset (metadata.json): to check it, {hint}." in msg
+    r = runner.invoke(app, shlex.split(hint.split("`")[1])[1:] + ["--no-plot"])
+    assert r.exit_code == 0 and "verified sha256 of 1 shard(s)" in r.stdout
+
+
+def test_pack_config_folder_is_the_same_message_with_exit_2(packed, tmp_path):
+    msg = _error(_run("pack", "--config", packed, "-o", tmp_path / "out", "-q"), 2)
+    assert msg.startswith(f"error: --config {packed} is a folder, not a file. It holds a packed dataset")
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_a_file_says_it_is_a_file_and_what_reads_it(packed, tmp_path):
+    cfg = tmp_path / "my.yaml"
+    assert _run("recipe", "qwen3_sft", "-o", cfg).exit_code == 0
+    assert _error(_run("inspect", cfg), 1) == (
+        f"error: packed dataset {cfg} is a file, not a folder. To check a packing config file, run "
+        f"`seqpack validate {cfg}`. Fix: pass the folder `seqpack pack --output` wrote")
+    meta = packed / "metadata.json"
+    assert _error(_run("inspect", meta), 1) == (
+        f"error: packed dataset {meta} is a file, not a folder. It is a packed dataset's metadata.json; the "
+        f"dataset is its folder, {packed}. Fix: pass the folder `seqpack pack --output` wrote")
+    assert "is a file, not a folder" in _error(_run("validate", "qwen3_sft", cfg), 1)  # PACKED_DIR
+
+
+def test_missing_paths_keep_their_own_messages(tmp_path):
+    assert "config file not found" in _error(_run("validate", tmp_path / "nope.yaml"), 1)
+    assert _error(_run("inspect", tmp_path / "nope"), 1) == (
+        f"error: packed dataset {tmp_path / 'nope'} does not exist; pass the folder `seqpack pack` (or "
+        "pack_dataset) wrote")
+
+
+def test_output_files_given_as_folders_suggest_a_file_name_inside(packed, tmp_path):
+    assert _error(_run("recipe", "qwen3_sft", "-o", tmp_path), 1) == (
+        f"error: recipe file {tmp_path} is a folder, not a file; give a file name, e.g. {tmp_path / 'qwen3_sft.yaml'}")
+    assert _error(_run("inspect", packed, "--plot", tmp_path), 1) == (
+        f"error: plot {tmp_path} is a folder, not a file; give a file name, e.g. {tmp_path / 'report.png'}")
+
+
+def test_path_kind_problem_is_none_for_the_right_kind_or_a_missing_path(tmp_path):
+    f = tmp_path / "a.yaml"
+    f.write_text("seq_length: 8\n")
+    assert path_kind_problem(f, "file", "config", "x") is None
+    assert path_kind_problem(tmp_path, "folder", "dataset", "x") is None
+    assert path_kind_problem(tmp_path / "missing", "file", "config", "x") is None
+    assert path_kind_problem(tmp_path / "missing", "folder", "dataset", "x") is None
+    assert path_kind_problem(f, "folder", "dataset", "fix it") == (
+        f"dataset {f} is a file, not a folder. To check a packing config file, run `seqpack validate {f}`. "
+        "Fix: fix it")
+
+
+def test_the_console_command_prints_the_message_on_stderr_without_a_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "80"}
+    res = subprocess.run([sys.executable, "-m", "seqpack", "validate", str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.startswith(f"error: config {tmp_path} is a folder, not a file.") and "Traceback" not in res.stderr
