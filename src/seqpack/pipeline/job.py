@@ -21,7 +21,7 @@ from seqpack.algorithms import MAX_CAPACITY_UNITS, PackingAlgorithm, resolve_alg
 from seqpack.data.chat_template import TRAIN_ON
 from seqpack.data.formats import FORMATS
 from seqpack.data.length_policy import OVERLENGTH_POLICIES
-from seqpack.data.media.images import load_image_processor
+from seqpack.data.media.images import PixelBoundsError, load_image_processor, processor_settings
 from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
@@ -344,7 +344,8 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
 def resolve_image_processor(
     image_processor: Any = None, *, min_pixels: int | None = None, max_pixels: int | None = None
 ) -> Any:
-    """Build the Qwen2-VL image processor for image-text records (``seqpack.data.media.load_image_processor``).
+    """Build the Qwen2-VL image processor for image-text records: ``seqpack.data.media.load_image_processor``
+    with its errors as :class:`PackConfigError`.
 
     Args:
         image_processor: ``None`` (transformers' defaults), a ``preprocessor_config.json`` path (or a
@@ -357,44 +358,9 @@ def resolve_image_processor(
         PackConfigError: the config file is missing/invalid, or the bounds are not 1 <= min <= max
             (names ``image_processor`` / ``min_pixels`` / ``max_pixels``).
     """
-    for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-            raise PackConfigError(f"{key} must be an integer >= 1, got {v!r}")
-    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
-        raise PackConfigError(f"min_pixels={min_pixels} > max_pixels={max_pixels}: min_pixels must not exceed max_pixels")
     try:
-        proc = load_image_processor(image_processor)
-        if min_pixels is not None or max_pixels is not None:
-            cfg = processor_settings(proc)
-            size = dict(cfg.get("size") or {})
-            if min_pixels is not None:
-                size["shortest_edge"] = int(min_pixels)
-                cfg["min_pixels"] = int(min_pixels)
-            if max_pixels is not None:
-                size["longest_edge"] = int(max_pixels)
-                cfg["max_pixels"] = int(max_pixels)
-            lo, hi = size.get("shortest_edge"), size.get("longest_edge")
-            if lo is not None and hi is not None and lo > hi:
-                raise PackConfigError(
-                    f"min_pixels={lo} > max_pixels={hi} after applying min_pixels / max_pixels to the "
-                    "image processor config; set both"
-                )
-            cfg["size"] = size
-            proc = load_image_processor(cfg)
+        return load_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except PixelBoundsError as e:
+        raise PackConfigError(str(e)) from None
     except (FileNotFoundError, json.JSONDecodeError, TypeError, ValueError) as e:
-        if isinstance(e, PackConfigError):
-            raise
         raise PackConfigError(f"image_processor={image_processor}: {e}") from None
-    return proc
-
-
-def processor_settings(proc: Any) -> dict[str, Any]:
-    """JSON-safe settings of an image processor (``to_dict()``); ``load_image_processor`` of the result
-    rebuilds an equivalent processor (same resize bounds, patch/merge sizes, normalisation)."""
-    d = proc.to_dict() if hasattr(proc, "to_dict") else dict(proc)
-    d = json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-    size = d.get("size") or {}
-    for key, alt in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
-        if d.get(key) is None and isinstance(size, dict) and size.get(alt) is not None:
-            d[key] = size[alt]
-    return d

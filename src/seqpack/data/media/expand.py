@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterable
@@ -17,11 +18,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from seqpack.data.length_policy import OverlengthError, apply_overlength, trainable_mask
+from seqpack.data.length_policy import OverlengthError, apply_overlength, check_overlength, trainable_mask
 from seqpack.data.media.images import load_image_processor
 from seqpack.data.media.placeholders import _position, _record, expand_image_placeholders
 from seqpack.data.media_root import is_url, stored_image_path
 from seqpack.data.prepare import UNLIMITED, prepare
+from seqpack.data.tokenizer import resolve_tokenizer
 from seqpack.sample import Sample
 from seqpack.accounting import PrepareReport, SampleRecord
 
@@ -55,6 +57,17 @@ def _image_ref(ref: Any, where: str) -> str:
         f"{where}: image is an in-memory {type(ref).__name__}; the offline dataset stores image references "
         "(paths), not pixels. Fix: save the images to files and reference them by path, or pack in batch/"
         "streaming mode (seqpack.collate / seqpack.stream with seqpack.data.media.prepare_multimodal)"
+    )
+
+
+def _fit_text(s: Sample, seq_length: int | None, overlength: str) -> tuple[list[Sample], list[SampleRecord]]:
+    """A sample without images under the over-length policy (``seqpack.data.length_policy.apply_overlength``,
+    as ``prepare`` applies it): ``([s], [])`` when it fits or ``seq_length`` is ``None``."""
+    if seq_length is None or s.length <= seq_length:
+        return [s], []
+    return apply_overlength(
+        s.input_ids, trainable_mask(s.labels), seq_length=seq_length, overlength=overlength, sample_id=s.sample_id,
+        source=s.source, index=s.index, media=s.media, meta=s.meta,
     )
 
 
@@ -99,13 +112,7 @@ def apply_length_policy(
     for k, s in enumerate(samples, 1):
         imgs = list((s.media or {}).get("images") or [])
         if not imgs:
-            if s.length <= seq_length:
-                out.append(s)
-                continue
-            new, entries = apply_overlength(
-                s.input_ids, trainable_mask(s.labels), seq_length=seq_length, overlength=overlength, sample_id=s.sample_id,
-                source=s.source, index=s.index, media=s.media, meta=s.meta,
-            )
+            new, entries = _fit_text(s, seq_length, overlength)
             out.extend(new)
             report.entries.extend(entries)
             continue
@@ -147,26 +154,42 @@ def apply_length_policy(
 
 def expand_samples(
     samples: Iterable[Sample],
-    tokenizer,
-    image_processor=None,
+    tokenizer: Any,
+    image_processor: Any = None,
     *,
     seq_length: int | None = None,
     overlength: str = "drop",
     on_error: str = "raise",
     report: PrepareReport | None = None,
 ) -> tuple[list[Sample], PrepareReport]:
-    """:func:`expand_image_placeholders` over many samples, with accounting.
+    """:func:`expand_image_placeholders` over many samples, with accounting; samples without images go
+    through the same over-length policy as in ``seqpack.data.prepare``.
 
     Args:
+        samples: text-side samples (``prepare(..., keep_image_placeholders=True)``).
+        tokenizer: the tokenizer the samples were made with, or its name (``"qwen3"``; resolved by
+            ``seqpack.data.tokenizer.resolve_tokenizer``, as ``prepare`` does).
+        image_processor: a processor from :func:`load_image_processor` (``None`` = transformers' defaults).
+        seq_length: capacity in tokens (``None`` = no limit).
+        overlength: ``"drop"`` (default) | ``"error"`` | ``"truncate"`` | ``"split"``; see
+            :func:`expand_image_placeholders` (image samples) and ``seqpack.data.length_policy.apply_overlength``
+            (samples without images).
         on_error: ``"raise"`` or ``"skip"`` (a bad sample, e.g. unreadable image or placeholder
             mismatch, is listed in the report with status ``"skipped"``).
         report: a report to extend (e.g. the one from ``seqpack.data.prepare``); a new one otherwise.
 
     Returns:
         ``(samples, report)``; every input is either returned or listed in ``report.entries``.
+
+    Raises:
+        ValueError: a bad image or placeholder mismatch under ``on_error="raise"`` (names the sample and the
+            fix), or an invalid ``on_error``.
+        OverlengthError: a sample longer than ``seq_length`` under ``overlength="error"``.
+        TokenizerError: ``tokenizer`` is a name that cannot be loaded.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    tokenizer = resolve_tokenizer(tokenizer, require_chat_template=False)
     rep = report if report is not None else PrepareReport()
     proc = image_processor if image_processor is not None else load_image_processor()
     out: list[Sample] = []
@@ -183,24 +206,34 @@ def expand_samples(
                 _raise_media_error(e)
             rep.entries.append(_record(s, "skipped", getattr(e, "reason", "bad_media"), str(e)))
             continue
-        if rec is not None:
-            rep.entries.append(rec)
-            logger.warning("%s %s: %s", rec.status, rec.sample_id, rec.detail)
-        if new is None:
-            continue
-        out.append(new)
+        recs = [rec] if rec is not None else []
+        kept = [new] if new is not None else []
+        if new is not None and not (new.media or {}).get("images"):
+            kept, recs = _fit_text(new, seq_length, overlength)
+        for r in recs:
+            rep.entries.append(r)
+            logger.warning("%s %s: %s", r.status, r.sample_id, r.detail)
+        out.extend(kept)
     rep.samples_out = len(out)
     rep.tokens = int(sum(x.length for x in out))
     rep.trainable_tokens = int(sum(x.num_trainable for x in out))
     return out, rep
 
 
+#: ``prepare`` arguments that ``prepare_multimodal`` sets itself (the text pass has no length limit and keeps
+#: the image placeholders; samples are returned, not sunk).
+_SET_BY_PREPARE_MULTIMODAL = ("inputs", "tokenizer", "seq_length", "overlength", "on_error",
+                              "keep_image_placeholders", "sink")
+
+
 def prepare_multimodal(
     inputs: Any,
-    tokenizer,
+    tokenizer: Any,
     *,
     seq_length: int,
     image_processor: Any = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
     overlength: str = "drop",
     on_error: str = "raise",
     **prepare_kwargs: Any,
@@ -208,22 +241,61 @@ def prepare_multimodal(
     """Tokenize image-text records and expand their images: ``seqpack.data.prepare`` + media step.
 
     The text side runs without a length limit (placeholders must be expanded before a cut can be
-    placed safely); the over-length policy is then applied to the expanded length.
+    placed safely); the over-length policy is then applied to the expanded length of every sample,
+    with or without images. Differences from ``prepare``: the default ``overlength`` is ``"drop"``
+    (``prepare``: ``"truncate"``), and ``"split"`` drops image samples (they cannot be split).
 
     Args:
         inputs: what :func:`seqpack.data.prepare` accepts (e.g. ``mllm_demo.json`` or the
-            lmms-finetune JSON files; text-only records pass through unchanged).
-        tokenizer: Qwen-style tokenizer (``load_tokenizer("qwen3")``).
-        seq_length: capacity in tokens.
-        image_processor: ``None``, a config dict/path, or a processor (:func:`load_image_processor`).
-        overlength: ``"drop"`` | ``"error"`` | ``"truncate"`` (never inside an image run).
+            lmms-finetune JSON files; text-only records pass through the same length policy).
+        tokenizer: a Qwen-style tokenizer (with ``<|vision_start|>``, ``<|image_pad|>``,
+            ``<|vision_end|>``) or its name, resolved as ``prepare`` does (``"qwen3"`` = the embedded
+            Qwen3 tokenizer, a folder, a hub id: ``seqpack.data.tokenizer.resolve_tokenizer``).
+        seq_length: capacity in tokens; no returned sample is longer.
+        image_processor: ``None`` (transformers' defaults), a ``preprocessor_config.json`` path/folder, a
+            settings dict, or a processor (:func:`load_image_processor`).
+        min_pixels, max_pixels: override the processor's pixel bounds (as ``seqpack pack --min-pixels /
+            --max-pixels``): each resized image's area stays in [min_pixels, max_pixels], so a lower
+            ``max_pixels`` gives fewer image tokens per image.
+        overlength: ``"drop"`` (default) | ``"error"`` | ``"truncate"`` (never inside an image run) |
+            ``"split"`` (text samples only; image samples are dropped).
         on_error: ``"raise"`` | ``"skip"`` for bad records and bad images.
-        prepare_kwargs: passed to ``prepare`` (``train_on``, ``format``, ``progress``).
+        prepare_kwargs: the other arguments of ``prepare`` (``train_on``, ``format``, ``progress``,
+            ``chat_template_kwargs``, ``media_dir``, ``num_proc``, ...).
 
     Returns:
-        ``(samples, report)`` as from ``prepare``; the report also lists media drops/truncations.
+        ``(samples, report)`` as from ``prepare``; image samples have ``media`` = ``{"images",
+        "pixel_values" float32 [P, D], "image_grid_thw" int64 [k, 3], "mrope_position_ids" int64 [3, L]}``
+        and ``meta["image_tokens"]`` (image-token count per image); the report also lists media
+        drops/truncations.
+
+    Raises:
+        TypeError: an argument that neither this function nor ``prepare`` takes, or one of ``prepare``'s
+            that this function sets itself (``keep_image_placeholders``, ``sink``).
+        PixelBoundsError: ``min_pixels`` / ``max_pixels`` not integers with 1 <= min <= max (a ``ValueError``).
+        TokenizerError, DataFormatError, FileNotFoundError, ValueError: as ``prepare`` (bad input, bad
+            option), and a bad image under ``on_error="raise"`` (names the record and the fix).
+        OverlengthError: a sample longer than ``seq_length`` under ``overlength="error"``.
+        ValueError: ``seq_length`` < 1 or an unknown ``overlength`` (before any record is read).
+
+    Example::
+
+        samples, report = prepare_multimodal("mllm_demo.json", "qwen3", seq_length=4096, max_pixels=200704)
+        samples[0].media["image_grid_thw"]   # int64 [k, 3]; prod(row) // 4 image tokens per image
     """
-    proc = load_image_processor(image_processor)
+    allowed = [k for k in inspect.signature(prepare).parameters if k not in _SET_BY_PREPARE_MULTIMODAL]
+    bad = sorted(set(prepare_kwargs) - set(allowed))
+    if bad:
+        raise TypeError(
+            f"prepare_multimodal() got unsupported argument(s) {', '.join(bad)}. It takes inputs, tokenizer, "
+            "seq_length, image_processor, min_pixels, max_pixels, overlength, on_error and prepare()'s "
+            f"{', '.join(allowed)}"
+        )
+    check_overlength(overlength)
+    if int(seq_length) < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    tokenizer = resolve_tokenizer(tokenizer)
+    proc = load_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
     samples, report = prepare(
         inputs, tokenizer, seq_length=UNLIMITED, overlength="error", on_error=on_error,
         keep_image_placeholders=True, **prepare_kwargs,

@@ -15,7 +15,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["ImageError", "collate_media", "load_image_processor", "num_image_tokens", "open_image", "process_images"]
+__all__ = [
+    "ImageError", "PixelBoundsError", "collate_media", "load_image_processor", "num_image_tokens", "open_image",
+    "process_images", "processor_settings",
+]
 
 
 class ImageError(ValueError):
@@ -32,6 +35,11 @@ class ImageError(ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.reason))
+
+
+class PixelBoundsError(ValueError):
+    """``min_pixels`` / ``max_pixels`` that are not integers with 1 <= min_pixels <= max_pixels (the message
+    names the argument)."""
 
 
 def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)):
@@ -126,24 +134,62 @@ def _check_pixels(img: Any, name: str) -> None:
         raise _too_large(name, f"{w} x {h} = {w * h} pixels")
 
 
-def load_image_processor(config: Any = None):
+def load_image_processor(config: Any = None, *, min_pixels: int | None = None, max_pixels: int | None = None):
     """Build a Qwen2-VL image processor offline (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 all use this class).
 
     Args:
         config: ``None`` for transformers' defaults (patch 14, merge 2, temporal patch 2, pixels in
-            [3136, 1003520]); a dict of processor settings; or a path to a
-            ``preprocessor_config.json`` (or a folder holding one), e.g. from a Qwen2.5-VL checkpoint.
-            ``min_pixels``/``max_pixels`` are honoured. Nothing is downloaded. The settings must be the
-            model's: Qwen3-VL / Qwen3.5 checkpoints use ``patch_size`` 16 (their processor is this same
-            class), Qwen2-VL / Qwen2.5-VL 14; ``seqpack.hf.packed_forward`` refuses pixels whose patch size
-            differs from the vision tower's.
+            [3136, 1003520]); a dict of processor settings; a path to a ``preprocessor_config.json`` (or a
+            folder holding one), e.g. from a Qwen2.5-VL checkpoint; or a processor (returned as it is
+            unless a bound is given). ``min_pixels``/``max_pixels`` in the settings are honoured. Nothing
+            is downloaded. The settings must be the model's: Qwen3-VL / Qwen3.5 checkpoints use
+            ``patch_size`` 16 (their processor is this same class), Qwen2-VL / Qwen2.5-VL 14;
+            ``seqpack.hf.packed_forward`` refuses pixels whose patch size differs from the vision tower's.
+        min_pixels, max_pixels: override the pixel bounds of ``config`` (``size.shortest_edge`` /
+            ``size.longest_edge`` in transformers 5: each resized image's area in pixels stays in
+            [min_pixels, max_pixels]; fewer pixels = fewer image tokens). The one home of these overrides
+            (``seqpack pack --min-pixels/--max-pixels``, ``prepare_multimodal``).
 
     Returns:
         a transformers ``Qwen2VLImageProcessor`` (the PIL backend when torchvision is absent).
 
     Raises:
         FileNotFoundError: the path does not exist or the folder has no preprocessor_config.json.
+        PixelBoundsError: a bound that is not an integer >= 1, or min_pixels > max_pixels (after applying
+            the overrides to ``config``'s bounds).
+
+    Example::
+
+        proc = load_image_processor(max_pixels=64 * 28 * 28)   # at most 64 merged patches = 16 image tokens
     """
+    for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise PixelBoundsError(f"{key} must be an integer >= 1, got {v!r}")
+    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
+        raise PixelBoundsError(
+            f"min_pixels={min_pixels} > max_pixels={max_pixels}: min_pixels must not exceed max_pixels"
+        )
+    proc = _build_processor(config)
+    if min_pixels is None and max_pixels is None:
+        return proc
+    cfg = processor_settings(proc)
+    size = dict(cfg.get("size") or {})
+    if min_pixels is not None:
+        size["shortest_edge"] = cfg["min_pixels"] = int(min_pixels)
+    if max_pixels is not None:
+        size["longest_edge"] = cfg["max_pixels"] = int(max_pixels)
+    lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+    if lo is not None and hi is not None and lo > hi:
+        raise PixelBoundsError(
+            f"min_pixels={lo} > max_pixels={hi} after applying min_pixels / max_pixels to the image processor "
+            "config; set both"
+        )
+    cfg["size"] = size
+    return _build_processor(cfg)
+
+
+def _build_processor(config: Any):
+    """The processor of ``config`` (see :func:`load_image_processor`), without bound overrides."""
     cls = _processor_class()
     if config is None:
         return cls()
@@ -158,6 +204,18 @@ def load_image_processor(config: Any = None):
         return config  # already a processor
     drop = {"image_processor_type", "processor_class", "auto_map", "_processor_class"}
     return cls(**{k: v for k, v in dict(config).items() if k not in drop})
+
+
+def processor_settings(proc: Any) -> dict[str, Any]:
+    """JSON-safe settings of an image processor (``to_dict()``); ``load_image_processor`` of the result
+    rebuilds an equivalent processor (same resize bounds, patch/merge sizes, normalisation)."""
+    d = proc.to_dict() if hasattr(proc, "to_dict") else dict(proc)
+    d = json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    size = d.get("size") or {}
+    for key, alt in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+        if d.get(key) is None and isinstance(size, dict) and size.get(alt) is not None:
+            d[key] = size[alt]
+    return d
 
 
 @lru_cache(maxsize=1)
