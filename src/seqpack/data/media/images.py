@@ -165,10 +165,6 @@ def load_image_processor(config: Any = None, *, min_pixels: int | None = None, m
     for key, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
             raise PixelBoundsError(f"{key} must be an integer >= 1, got {v!r}")
-    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
-        raise PixelBoundsError(
-            f"min_pixels={min_pixels} > max_pixels={max_pixels}: min_pixels must not exceed max_pixels"
-        )
     proc = _build_processor(config)
     if min_pixels is None and max_pixels is None:
         return proc
@@ -180,7 +176,9 @@ def load_image_processor(config: Any = None, *, min_pixels: int | None = None, m
         size["longest_edge"] = cfg["max_pixels"] = int(max_pixels)
     lo, hi = size.get("shortest_edge"), size.get("longest_edge")
     if lo is not None and hi is not None and lo > hi:
+        both = min_pixels is not None and max_pixels is not None
         raise PixelBoundsError(
+            f"min_pixels={lo} > max_pixels={hi}: min_pixels must not exceed max_pixels" if both else
             f"min_pixels={lo} > max_pixels={hi} after applying min_pixels / max_pixels to the image processor "
             "config; set both"
         )
