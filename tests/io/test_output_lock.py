@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_leftovers_are_kept_while_another_run_holds_the_lock_and_removed_after_i
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # leftovers and lock file gone
 
 
-def test_the_lock_is_released_when_a_run_fails_and_reentrant_within_a_process(tmp_path):
+def test_the_lock_is_released_when_a_run_fails_and_reentrant_within_a_thread(tmp_path):
     out = tmp_path / "ds"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "q", "output": "a"}\n{"instruction": \n')
@@ -111,13 +112,18 @@ def test_the_lock_is_released_when_a_run_fails_and_reentrant_within_a_process(tm
     assert not isinstance(e.value, OutputBusyError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
     with lock_output(out):
-        with lock_output(out):  # pack_dataset holds it and its PackedWriter takes it again
+        with lock_output(out):  # pack_dataset holds it, its PackedWriter takes it again
             pass
         assert lock_path(out).exists()  # the outer holder still has it
         holder = subprocess.run([sys.executable, "-c", _HOLD, str(out)], input="", capture_output=True,
                                 text=True, timeout=60)
         assert holder.returncode != 0 and "OutputBusyError" in holder.stderr
         assert f"pid {os.getpid()}," in holder.stderr
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(pytest.raises(OutputBusyError, lock_output, out)))
+        thread.start()
+        thread.join()
+        assert seen and f"pid {os.getpid()}," in str(seen[0].value)  # another thread is another run
     assert not lock_path(out).exists()
     pack_dataset(output=str(out), **DEMO)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "ds"]

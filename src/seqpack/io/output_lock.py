@@ -18,8 +18,9 @@ Rules:
   once it holds the lock, that its descriptor is still the file at the path, and opens the path again if
   not; so two runs never hold locks on two different files for one output. A SIGKILLed holder's file
   stays behind and is reused (and then deleted) by the next run.
-- Within one process the lock is re-entrant: ``pack_dataset`` holds it and its ``PackedWriter`` takes it
-  again; the file is unlocked when the outermost holder releases it.
+- Within one thread the lock is re-entrant: ``pack_dataset`` holds it and its ``PackedWriter`` takes it
+  again; the file is unlocked when the outermost holder releases it. Another thread of the same process
+  is refused like another process.
 - Where ``fcntl`` is absent (Windows), or the file system refuses ``flock``, there is no lock: concurrent
   runs for one output are not detected there, and the leftover cleanup relies on the pid check alone.
 """
@@ -52,7 +53,7 @@ class OutputBusyError(FileExistsError):
         self.pid, self.started = pid, started
 
 
-#: lock file path -> [descriptor or None, holders in this process]
+#: lock file path -> [descriptor or None, holders in this process, owning thread, start time]
 _held: dict[str, list] = {}
 _guard = threading.Lock()
 
@@ -105,15 +106,17 @@ def lock_output(output: str | os.PathLike) -> OutputLock:
     key = os.path.join(os.path.realpath(path.parent), path.name)
     with _guard:
         entry = _held.get(key)
+        if entry is not None and entry[2] != threading.get_ident():
+            raise _busy(output, os.getpid(), entry[3])
         if entry is not None:
             entry[1] += 1
             return OutputLock(key)
         fd = _open_locked(key, output) if fcntl is not None else None
-        _held[key] = [fd, 1]
+        started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        _held[key] = [fd, 1, threading.get_ident(), started]
     lock = OutputLock(key)
     try:
         if fd is not None:
-            started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": started}).encode(), 0)
         remove_leftovers(output)
@@ -132,9 +135,7 @@ def _open_locked(key: str, output: str | os.PathLike) -> int | None:
         except BlockingIOError:
             pid, started = _holder(fd)
             os.close(fd)
-            raise OutputBusyError(
-                f"output {output} is being written by another seqpack run (pid {pid or '?'}, started "
-                f"{started or '?'}); wait for it to finish or choose another --output", pid, started) from None
+            raise _busy(output, pid, started) from None
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
@@ -147,6 +148,12 @@ def _open_locked(key: str, output: str | os.PathLike) -> int | None:
         if same:
             return fd
         os.close(fd)
+
+
+def _busy(output: str | os.PathLike, pid: int | None, started: str | None) -> OutputBusyError:
+    return OutputBusyError(
+        f"output {output} is being written by another seqpack run (pid {pid or '?'}, started {started or '?'}); "
+        "wait for it to finish or choose another --output", pid, started)
 
 
 def _holder(fd: int) -> tuple[int | None, str | None]:
