@@ -159,8 +159,9 @@ def test_killed_write_leaves_only_hidden_temp_dir(tmp_path):
     w = PackedWriter(out, rows_per_shard=1)
     w.write_all(_rows(GROUPS[:3]))  # shards on disk, then the process "dies": no finalize
     assert not out.exists()
-    leftovers = list(tmp_path.iterdir())
-    assert len(leftovers) == 1 and leftovers[0].name.startswith(".ds.tmp-")
+    leftovers = sorted(tmp_path.iterdir())  # and the output's lock file, which the kernel unlocks at death
+    assert len(leftovers) == 2 and leftovers[0].name == ".ds.lock" and leftovers[1].name.startswith(".ds.tmp-")
+    leftovers = leftovers[1:]
     assert not (leftovers[0] / "metadata.json").exists()
     with pytest.raises(PackedDatasetError, match="does not exist"):
         load_packed(out)
@@ -368,8 +369,10 @@ def test_sigkill_mid_write_never_leaves_a_complete_looking_dataset(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     assert not out.exists()
-    leftovers = [p for p in tmp_path.iterdir()]
-    assert len(leftovers) == 1 and leftovers[0].name.startswith(".ds.tmp-")
+    leftovers = sorted(tmp_path.iterdir())  # the temp dir and the lock file the kernel unlocked at death
+    assert [p.name for p in leftovers][0] == ".ds.lock" and len(leftovers) == 2
+    leftovers = leftovers[1:]
+    assert leftovers[0].name.startswith(".ds.tmp-")
     assert len(list((leftovers[0] / "data").iterdir())) == 3 and not (leftovers[0] / "metadata.json").exists()
     with pytest.raises(PackedDatasetError):
         load_packed(out)

@@ -8,6 +8,7 @@ Public API:
     PackedMetadata, ShardInfo    -- ``metadata.json`` contents
     compute_fingerprint, describe_input, sha256_file    -- content hashes
     PackedDatasetError, StalePackedDatasetError         -- errors
+    lock_output, OutputBusyError -- one run at a time per output folder (seqpack.io.output_lock)
 """
 
 from seqpack.io.fingerprint import compute_fingerprint, describe_input, sha256_file
@@ -22,6 +23,7 @@ from seqpack.io.metadata import (
 )
 from seqpack.io.reader import EXPECT_KEYS, MEDIA_EXPECT_KEYS, PackedDataset, load_packed
 from seqpack.io.output_dir import check_output_dir, check_output_file
+from seqpack.io.output_lock import OutputBusyError, lock_output
 from seqpack.io.writer import COLUMNS, SCHEMA, PackedWriter, write_packed
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MEDIA_EXPECT_KEYS",
     "METADATA_FILE",
+    "OutputBusyError",
     "REPORT_FILE",
     "SCHEMA",
     "PackedDataset",
@@ -43,6 +46,7 @@ __all__ = [
     "compute_fingerprint",
     "describe_input",
     "load_packed",
+    "lock_output",
     "sha256_file",
     "write_packed",
 ]

@@ -16,7 +16,7 @@ Rules:
   ``.NAME.old-<pid>-<id>`` first; if the process dies between the two renames, the next run restores it.
 - Leftovers of killed runs (``.NAME.tmp-<pid>-*`` write folders, ``.NAME.spill-<pid>-*`` sample spills,
   ``.NAME.old-<pid>-*`` replaced datasets) whose process is gone are removed by the next run for the same
-  output (:func:`remove_leftovers`, called by every run before it writes anything).
+  output (:func:`remove_leftovers`, called only by the holder of the output's lock, seqpack.io.output_lock).
 """
 
 from __future__ import annotations

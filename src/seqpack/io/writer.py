@@ -30,7 +30,8 @@ from seqpack import __version__
 from seqpack.io.fingerprint import metadata_digest, sha256_file
 from seqpack.io.metadata import check_metadata
 from seqpack.io.report_file import write_report
-from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, remove_leftovers, temp_name
+from seqpack.io.output_dir import check_output_dir, fsync_dir, fsync_file, publish_dir, temp_name
+from seqpack.io.output_lock import lock_output
 from seqpack.io.metadata import (
     DATA_DIR,
     FORMAT_VERSION,
@@ -195,8 +196,7 @@ class PackedWriter:
         self.rows_per_shard = int(rows_per_shard)
         self.row_group_size = int(row_group_size)
         self.compression = compression
-        self.output.parent.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(self.output)
+        self._lock = lock_output(self.output)  # until published or aborted (makes the parent, removes leftovers)
         self.tmp = temp_name(self.output, "tmp")
         (self.tmp / DATA_DIR).mkdir(parents=True)
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}  # rows of the row group being filled
@@ -316,6 +316,7 @@ class PackedWriter:
             self.abort()
             raise
         self._done = True
+        self._lock.release()
         return metadata
 
     def abort(self) -> None:
@@ -328,6 +329,7 @@ class PackedWriter:
             except Exception:  # noqa: BLE001 - the file is deleted with the temp dir either way
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._lock.release()
 
     def __enter__(self) -> "PackedWriter":
         return self

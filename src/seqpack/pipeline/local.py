@@ -23,7 +23,8 @@ from seqpack.data.workers import PreparePool
 from seqpack.io.fingerprint import describe_input
 from seqpack.io.metadata import PackedMetadata
 from seqpack.io.reader import load_packed
-from seqpack.io.output_dir import remove_leftovers, temp_name
+from seqpack.io.output_dir import temp_name
+from seqpack.io.output_lock import lock_output
 from seqpack.io.spill import SampleSpill
 from seqpack.pipeline import stages
 from seqpack.pipeline.job import PackJob
@@ -170,6 +171,12 @@ def pack_dataset(
         min_pixels=min_pixels, max_pixels=max_pixels, num_proc=num_proc, media_dir=media_dir,
         allow_any_media_path=allow_any_media_path, log=say,
     )
+    with lock_output(job.output):  # until published or failed; removes what killed runs left
+        return _pack_locked(job, t0, say, bars)
+
+
+def _pack_locked(job: PackJob, t0: float, say: Callable[[str], None], bars: Any) -> PackResult:
+    """:func:`pack_dataset`'s work once the job is checked and the output's lock is held."""
     tok = stages.open_tokenizer(job)
     totals = stages.PrepareTotals()
     proc = job.image_processor
@@ -179,8 +186,6 @@ def pack_dataset(
         # ---- 1. prepare: files one at a time into a disk spill; in-memory inputs all at once in memory
         if not _FORCE_IN_MEMORY.get() and all(isinstance(i, (str, os.PathLike)) for i in job.inputs):
             output = job.output
-            output.parent.mkdir(parents=True, exist_ok=True)
-            remove_leftovers(output)
             spill = SampleSpill(temp_name(output, "spill"))
             counts = RecordCounts(list(job.inputs))  # the prepare bar's total over all files
             for i, (item, name) in enumerate(zip(job.inputs, stages.input_names(job))):

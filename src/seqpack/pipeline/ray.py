@@ -17,6 +17,7 @@ import numpy as np
 from seqpack.algorithms import PackingPlan
 from seqpack.sample import Sample
 from seqpack.io.fingerprint import describe_input
+from seqpack.io.output_lock import lock_output
 from seqpack.pipeline import stages
 from seqpack.pipeline.job import PackConfigError, PackJob
 from seqpack.pipeline.local import PackResult
@@ -204,7 +205,8 @@ def pack_dataset_ray(
 
     items, names = job.inputs, stages.input_names(job)
     tok = stages.open_tokenizer(job)
-    with ray_runtime(num_cpus, object_store_memory, ray_address) as ray:
+    # the output's lock: until published or failed; removes what killed runs left
+    with lock_output(job.output), ray_runtime(num_cpus, object_store_memory, ray_address) as ray:
         workers = num_workers(ray, num_cpus, len(items))
         say(f"ray: {len(items)} input shard(s) on {workers} tokenizer worker(s), planning={planning}")
         cpus = int(ray.cluster_resources().get("CPU", 1))
