@@ -344,3 +344,23 @@ def test_source_date_epoch_sets_created_at(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="SOURCE_DATE_EPOCH='yesterday'"):
         _pack(tmp_path / "b")
     assert _hidden(tmp_path) == []
+
+
+def test_the_rejected_reports_temp_file_is_a_leftover_the_next_run_removes(tmp_path, monkeypatch):
+    from seqpack.io import report_file
+
+    out = tmp_path / "ds"
+    seen = []
+    real = report_file.write_report
+
+    def spy(path, entries):
+        seen.append(Path(path))
+        return real(path, entries)
+
+    monkeypatch.setattr(report_file, "write_report", spy)
+    path = report_file.write_rejected_report(out, [{"sample_id": "a", "reason": "bad"}])
+    assert path == tmp_path / "ds.report.jsonl" and json.loads(path.read_text())["sample_id"] == "a"
+    assert seen[0].name.startswith(f".ds.tmp-{os.getpid()}-") and not seen[0].exists()
+    dead = tmp_path / f".ds.tmp-{_dead_pid()}-cafe0123"  # what a run killed while writing it leaves
+    dead.write_text('{"sample_id": "a"}\n')
+    assert remove_leftovers(out) == [dead] and not dead.exists() and path.is_file()

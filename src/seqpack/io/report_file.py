@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import REPORT_FILE
+from seqpack.io.output_dir import temp_name
 
 __all__ = ["rejected_report_path", "write_rejected_report", "write_report"]
 
@@ -45,14 +46,16 @@ def rejected_report_path(output: str | os.PathLike) -> Path:
 
 def write_rejected_report(output: str | os.PathLike, entries: Iterable[Any]) -> Path:
     """Write the report of a run that packed nothing to :func:`rejected_report_path` ``(output)``
-    atomically (a temp file renamed over any earlier one); returns its path.
+    atomically (a temp file renamed over any earlier one); returns its path. The temp file is the
+    output's ``.NAME.tmp-<pid>-<id>`` sibling, so a run killed while writing it leaves a leftover that
+    :func:`seqpack.io.output_dir.remove_leftovers` removes.
 
     Raises:
         OSError: the parent folder is not writable.
     """
     path = rejected_report_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_name(output, "tmp")
     try:
         write_report(tmp, entries)
         os.replace(tmp, path)
