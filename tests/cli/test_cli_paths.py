@@ -108,3 +108,26 @@ def test_the_console_command_prints_the_message_on_stderr_without_a_traceback(tm
                          text=True, env=env, timeout=120)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.startswith(f"error: config {tmp_path} is a folder, not a file.") and "Traceback" not in res.stderr
+
+
+def test_a_bad_plot_path_fails_before_any_shard_is_read(packed, tmp_path, monkeypatch):
+    import seqpack.io
+
+    def must_not_read(*a, **k):
+        raise AssertionError("the dataset was read before the --plot path was checked")
+
+    monkeypatch.setattr(seqpack.io, "load_packed", must_not_read)
+    missing = tmp_path / "no such folder" / "r.png"
+    assert _error(_run("inspect", packed, "--verify", "--plot", missing), 1) == (
+        f"error: cannot write the plot {missing}: the folder {missing.parent} does not exist; create it first "
+        "or choose another path")
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            assert _error(_run("inspect", packed, "--plot", ro / "r.png"), 1) == (
+                f"error: cannot write the plot {ro / 'r.png'}: the folder {ro} is not writable by this user; "
+                "choose another path")
+        finally:
+            ro.chmod(0o700)

@@ -310,6 +310,11 @@ def inspect(
 
     require_path_kind(path, "folder", "packed dataset", "pass the folder `seqpack pack --output` wrote", 1)
     try:
+        if plot is not None and not no_plot and not as_json:  # a bad --plot fails before any shard is read
+            from seqpack.io.output_dir import check_output_file
+            from seqpack.io.metadata import REPORT_PNG
+
+            check_output_file(plot, "plot", REPORT_PNG)
         ds = load_packed(path, verify=verify)
         if verify:
             packs = ds.validate_rows()

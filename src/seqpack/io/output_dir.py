@@ -220,6 +220,7 @@ def check_output_file(path: str | os.PathLike, what: str, example: str = "out") 
         IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it,
             e.g. ``<path>/<example>``).
         FileNotFoundError: its folder does not exist (never created: a typo must not make folders).
+        PermissionError: the file (when it exists) or its folder is not writable by this user.
     """
     p = Path(path).expanduser()
     if p.is_dir():
@@ -227,6 +228,10 @@ def check_output_file(path: str | os.PathLike, what: str, example: str = "out") 
     if not p.parent.is_dir():
         raise FileNotFoundError(f"cannot write the {what} {p}: the folder {p.parent} does not exist; create it "
                                 "first or choose another path")
+    if not os.access(p if p.exists() else p.parent, os.W_OK):
+        where = f"the file {p}" if p.exists() else f"the folder {p.parent}"
+        raise PermissionError(f"cannot write the {what} {p}: {where} is not writable by this user; choose "
+                              "another path")
     return p
 
 
