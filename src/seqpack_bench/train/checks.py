@@ -16,6 +16,13 @@ def _check_model(cfg: TrainConfig, n: Callable[[str], str]) -> None:
     if cfg.model in TINY_MODELS:
         return
     folder = Path(cfg.model)
+    if folder.exists() and not folder.is_dir():
+        model_file = folder.name == "config.json" or folder.name in WEIGHT_FILES or folder.name.endswith(
+            (".safetensors", ".index.json", ".bin"))
+        hint = f" It is a file of a model folder; the model is its folder, {folder.parent}." if model_file else ""
+        raise FileNotFoundError(
+            f"{n('model')}: {cfg.model} is a file, not a model folder.{hint} Fix: pass the folder "
+            "model.save_pretrained(...) wrote (config.json + weights), or one of " + "/".join(TINY_MODELS))
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{n('model')}: {cfg.model} is neither {'/'.join(TINY_MODELS)} nor an existing local model folder. "

@@ -139,6 +139,17 @@ def test_wrong_option_named_model_and_empty_mode(tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert _one_line(r).startswith("error: --model: /nonexistent is neither tiny-qwen3/tiny-llama nor an existing "
                                    "local model folder")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    r = _invoke(["--model", str(notes), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and _one_line(r) == (
+        f"error: --model: {notes} is a file, not a model folder. Fix: pass the folder model.save_pretrained(...) "
+        "wrote (config.json + weights), or one of tiny-qwen3/tiny-llama")
+    (tmp_path / "m").mkdir()
+    cfg = tmp_path / "m" / "config.json"
+    cfg.write_text("{}")
+    r = _invoke(["--model", str(cfg), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and f"It is a file of a model folder; the model is its folder, {cfg.parent}." in _one_line(r)
     for mode in ("", " , "):
         r = _invoke(["--mode", mode, "--out", str(tmp_path)])
         assert r.exit_code == 2 and "--mode is empty" in _one_line(r)
