@@ -177,8 +177,10 @@ def test_file_errors(tmp_path, name, text, match):
 
 
 def test_missing_and_empty_files(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="config file not found: .*missing.yaml"):
         PackingConfig.from_file(tmp_path / "missing.yaml")
+    with pytest.raises(IsADirectoryError, match=f"config {tmp_path} is a folder, not a file; pass a .yaml"):
+        PackingConfig.from_file(tmp_path)
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert PackingConfig.from_file(empty) == PackingConfig()

@@ -354,10 +354,13 @@ class PackingConfig(BaseModel):
         """Load ``.yaml``/``.yml`` or ``.json`` by suffix.
 
         Raises:
+            IsADirectoryError: ``path`` is a folder (a packed dataset, a recipe folder), not a file.
             FileNotFoundError: no such file.
             ConfigValidationError: unsupported suffix, parse or schema problems.
         """
         p = Path(path)
+        if p.is_dir():
+            raise IsADirectoryError(f"config {p} is a folder, not a file; pass a .yaml/.yml/.json config file")
         if not p.is_file():
             raise FileNotFoundError(f"config file not found: {p}")
         suffix = p.suffix.lower()
