@@ -1,8 +1,8 @@
 """seqpack: sequence packing for LLM and VLM supervised fine-tuning.
 
-The names below are importable from ``seqpack`` directly. The algorithms are imported eagerly (numpy +
-numba only); the data pipeline and the packed-dataset reader are imported on first use, so
-``import seqpack`` does not pull in transformers, pyarrow or torch.
+The names below are importable from ``seqpack`` directly; each is imported on first use, so ``import
+seqpack`` pulls in neither numba (the algorithms) nor transformers, pyarrow or torch: a preparation worker
+process, which imports ``seqpack.data`` only, does not pay for numba.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import importlib
 
 __version__ = "0.1.0"
 
-from seqpack.algorithms import PackingAlgorithm, PackingPlan, pack_lengths  # noqa: E402
-from seqpack.padding import compute_pad_multiple  # noqa: E402
-
 _LAZY = {
+    "PackingAlgorithm": "seqpack.algorithms",
+    "PackingPlan": "seqpack.algorithms",
+    "pack_lengths": "seqpack.algorithms",
+    "compute_pad_multiple": "seqpack.padding",
     "pack_dataset": "seqpack.pipeline",
     "PackResult": "seqpack.pipeline",
     "load_packed": "seqpack.io",
@@ -28,14 +29,7 @@ _LAZY = {
     "PackingConfig": "seqpack.config",
 }
 
-__all__ = [
-    "PackingAlgorithm",
-    "PackingPlan",
-    "pack_lengths",
-    "compute_pad_multiple",
-    "__version__",
-    *_LAZY,
-]
+__all__ = ["__version__", *_LAZY]
 
 
 #: Subpackages reachable as attributes (``seqpack.data.prepare`` after a plain ``import seqpack``).
