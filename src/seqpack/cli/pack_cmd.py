@@ -305,16 +305,13 @@ def inspect(
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
-    from seqpack.io import load_packed  # defers pyarrow until the command runs
+    from seqpack.io import check_output_file, load_packed  # defers pyarrow until the command runs
     from seqpack.io.summary import plot_report, summary_rows
 
     require_path_kind(path, "folder", "packed dataset", "pass the folder `seqpack pack --output` wrote", 1)
     try:
         if plot is not None and not no_plot and not as_json:  # a bad --plot fails before any shard is read
-            from seqpack.io.output_dir import check_output_file
-            from seqpack.io.metadata import REPORT_PNG
-
-            check_output_file(plot, "plot", REPORT_PNG)
+            check_output_file(plot, "plot", "report.png")
         ds = load_packed(path, verify=verify)
         if verify:
             packs = ds.validate_rows()
