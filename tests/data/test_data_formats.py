@@ -471,3 +471,28 @@ def test_type_errors_use_json_words():
         norm({"messages": 5}, "openai")
     with pytest.raises(DataFormatError, match="is a JSON number, expected a string"):
         norm({"instruction": "a", "output": "b", "input": 3}, "alpaca")
+
+
+@pytest.mark.parametrize("rec, reason, message", [
+    ({"messages": None}, "bad_content_type", "'messages' is JSON null, expected a list of messages (openai format)."),
+    ({"conversations": None, "id": 1}, "bad_content_type",
+     "'conversations' is JSON null, expected a list of messages (sharegpt format)."),
+    ({"instruction": "a", "output": None}, "missing_key",
+     "'output' is JSON null; an alpaca record needs both 'instruction' and 'output'."),
+    ({"instruction": "a"}, "missing_key", "'output' is missing; an alpaca record needs both 'instruction' and 'output'."),
+    ({"output": "b", "input": ""}, "missing_key",
+     "'instruction' is missing; an alpaca record needs both 'instruction' and 'output'."),
+    ({"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]}, "unknown_role",
+     "messages[0] has no 'role'."),
+    ({"conversations": [{"value": "q"}, {"from": "gpt", "value": "a"}]}, "unknown_role",
+     "conversations[0] has no 'from' (or 'role')."),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "tool_calls": "f()"}]},
+     "bad_content_type", "messages[1].tool_calls is a JSON string, expected a list."),
+    ({"instruction": "a", "output": "b", "history": "x"}, "bad_content_type",
+     "'history' is a JSON string, expected a list of [query, response] pairs."),
+])
+def test_a_record_using_a_formats_keys_wrongly_is_told_which_key(rec, reason, message):
+    with pytest.raises(DataFormatError) as ei:
+        norm(rec)
+    assert ei.value.reason == reason and message in str(ei.value), str(ei.value)
+    assert "unknown record format" not in str(ei.value)

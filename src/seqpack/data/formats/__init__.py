@@ -90,6 +90,7 @@ def normalize_record(raw: RawRecord, format: str | None = None, media: MediaRoot
     if fmt is None:
         fmt = detected
     if fmt is None:
+        _near_miss(rec, ctx)
         raise ctx.err(
             f"unknown record format (keys: {sorted(rec)[:12]}).",
             "unknown_format",
@@ -134,6 +135,23 @@ _REQUIRED_KEYS = {
     "openai": (("messages",),),
     "llava": (("messages", "conversations"),),
 }
+
+
+def _near_miss(rec: dict, ctx: _Ctx) -> None:
+    """A record no format fits that still uses a format's keys: its conversation key is null, or one of
+    alpaca's two keys is missing or null. Raises the error that names that key (else returns)."""
+    for key, fmt in (("messages", "openai"), ("conversations", "sharegpt")):
+        if key in rec:  # present but null (a non-null value would have been detected)
+            raise ctx.err(f"'{key}' is JSON null, expected a list of messages ({fmt} format).", "bad_content_type",
+                          f"give '{key}' a list of messages, or remove the record; on_error='skip' skips and "
+                          "reports it.")
+    has = [k for k in ("instruction", "output") if _present(rec, k)]
+    if len(has) == 1:
+        other = "output" if has == ["instruction"] else "instruction"
+        state = "JSON null" if other in rec else "missing"
+        raise ctx.err(f"'{other}' is {state}; an alpaca record needs both 'instruction' and 'output'.",
+                      "missing_key", f"give the record its '{other}' text, or remove the record; on_error='skip' "
+                      "skips and reports it.")
 
 
 def _check_forced_keys(rec: dict, fmt: str, detected: str | None, ctx: _Ctx) -> None:

@@ -5,6 +5,7 @@ when ``input`` is non-empty (LLaMA-Factory's convention)."""
 from __future__ import annotations
 
 from seqpack.data.formats._common import _Ctx, _text
+from seqpack.data.records import json_kind
 
 __all__ = ["from_alpaca"]
 
@@ -17,11 +18,13 @@ def from_alpaca(rec: dict, ctx: _Ctx) -> list[dict]:
         msgs.append({"role": "system", "content": _text(system, ctx, "'system'")})
     history = rec.get("history") or []
     if not isinstance(history, list):
-        raise ctx.err("'history' must be a list of [query, response] pairs.", "bad_content_type", "fix 'history'.")
+        raise ctx.err(f"'history' is {json_kind(history)}, expected a list of [query, response] pairs.",
+                      "bad_content_type", "make 'history' a list like [[\"query\", \"response\"], ...].")
     for k, pair in enumerate(history):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise ctx.err(
-                f"'history[{k}]' must be a [query, response] pair.", "bad_content_type", "fix 'history'."
+                f"'history[{k}]' must be a [query, response] pair.", "bad_content_type",
+                "make each 'history' item a two-element list [query, response]."
             )
         msgs.append({"role": "user", "content": _text(pair[0], ctx, f"'history[{k}][0]'")})
         msgs.append({"role": "assistant", "content": _text(pair[1], ctx, f"'history[{k}][1]'")})

@@ -31,6 +31,9 @@ def from_openai(rec: dict, ctx: _Ctx) -> list[dict]:
         if not isinstance(m, dict):
             raise ctx.err(f"messages[{k}] is not an object.", "bad_content_type", "each message is {role, content}.")
         role = m.get("role")
+        if role is None:
+            raise ctx.err(f"messages[{k}] has no 'role'.", "unknown_role",
+                          f"give every message a role, one of {sorted(_OPENAI_ROLES)}.")
         if role not in _OPENAI_ROLES:
             raise ctx.err(
                 f"messages[{k}] has unknown role {role!r}.",
@@ -51,7 +54,9 @@ def from_openai(rec: dict, ctx: _Ctx) -> list[dict]:
             out["reasoning_content"] = "\n".join(reasoning)
         if m.get("tool_calls"):
             if not isinstance(m["tool_calls"], list):
-                raise ctx.err(f"messages[{k}].tool_calls must be a list.", "bad_content_type", "fix tool_calls.")
+                raise ctx.err(f"messages[{k}].tool_calls is {json_kind(m['tool_calls'])}, expected a list.",
+                              "bad_content_type", "make tool_calls a list of {type: 'function', function: {name, "
+                              "arguments}} objects.")
             calls = _tool_calls_from_json(m["tool_calls"], ctx, f"messages[{k}].tool_calls") + calls
         if calls:
             if role != "assistant":

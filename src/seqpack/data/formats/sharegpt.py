@@ -46,6 +46,9 @@ def from_sharegpt(rec: dict, ctx: _Ctx) -> list[dict]:
             raise ctx.err(f"conversations[{k}] is not an object.", "bad_content_type", "each turn is {from, value}.")
         frm = _get(t, "from", "role")
         role = _SHAREGPT_ROLES.get(frm) if isinstance(frm, str) else None
+        if frm is None:
+            raise ctx.err(f"conversations[{k}] has no 'from' (or 'role').", "unknown_role",
+                          f"give every turn a 'from', one of {sorted(_SHAREGPT_ROLES)}.")
         if role is None:
             raise ctx.err(
                 f"conversations[{k}] has unknown role {frm!r}.",
