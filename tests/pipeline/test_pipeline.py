@@ -353,6 +353,9 @@ def test_every_record_bad_lists_each_in_a_report_beside_the_output_and_keeps_the
                      overwrite=True)
     report = tmp_path / "o.report.jsonl"
     assert str(report) in str(ei.value) and "left as it was" in str(ei.value)
+    fix = str(ei.value).split("Fix: ")[1]  # the fixes that fit these reasons: malformed / not an object, overlength
+    assert fix.startswith("check format='auto' against the records' keys; for overlength drops raise "
+                          "seq_length=64 or change overlength='drop'; fix the skipped records"), fix
     rows = [json.loads(line) for line in report.read_text().splitlines()]
     assert sorted((r["sample_id"], r["status"]) for r in rows) == [
         ("bad.jsonl:0", "skipped"), ("bad.jsonl:1", "dropped"), ("bad.jsonl:2", "skipped")]
@@ -364,3 +367,9 @@ def test_every_record_bad_lists_each_in_a_report_beside_the_output_and_keeps_the
     assert len((tmp_path / "c.report.jsonl").read_text().splitlines()) == 3 and not (tmp_path / "c").exists()
     pack_dataset(good, tmp_path / "c", tokenizer=qwen3_tokenizer, seq_length=64)
     assert not (tmp_path / "c.report.jsonl").exists()
+    broken = tmp_path / "broken.jsonl"  # only malformed lines: no format or length advice
+    broken.write_text("{not json\n{\"a\": \n")
+    with pytest.raises(NothingToPackError) as ei:
+        pack_dataset(broken, tmp_path / "d", tokenizer=qwen3_tokenizer, seq_length=64, on_error="skip")
+    assert str(ei.value).split("Fix: ")[1] == (
+        "fix the skipped records (each is named when packing with on_error='raise')"), str(ei.value)

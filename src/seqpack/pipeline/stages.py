@@ -295,15 +295,28 @@ def check_prepared(
             "with one record per line, or Parquet) and that it is not empty"
         )
     listed = write_rejected_report(job.output, report.entries)
+    by_reason = report.by_reason()
     raise NothingToPackError(
         f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
-        f"(by status and reason: {report.by_reason()}; each record with its reason in {listed}). Fix: check "
-        f"format={job.format or 'auto'!r}; for overlength drops raise seq_length={job.seq_length} or change "
-        f"overlength={job.overlength!r}; for skipped records fix them (each is named when packing with "
-        "on_error='raise')"
+        f"(by status and reason: {by_reason}; each record with its reason in {listed}). Fix: "
+        + "; ".join(_nothing_left_fixes(job, by_reason))
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
         + (f"; the dataset already at {job.output} was left as it was" if (job.output / METADATA_FILE).exists() else "")
     )
+
+
+def _nothing_left_fixes(job: PackJob, by_reason: dict[str, dict[str, int]]) -> list[str]:
+    """The fixes that fit the reasons records were refused for (``PrepareReport.by_reason()``)."""
+    reasons = {r for per in by_reason.values() for r in per}
+    fixes = [f"check format={job.format or 'auto'!r} against the records' keys"] if reasons & {
+        "unknown_format", "missing_key"} else []
+    if reasons & {"overlength", "overlength_media"}:
+        fixes.append(f"for overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}")
+    if reasons & {"no_trainable_tokens", "empty_sample"}:
+        fixes.append(f"no token left to train on: check train_on={job.train_on!r} and the assistant turns")
+    if "skipped" in by_reason:
+        fixes.append("fix the skipped records (each is named when packing with on_error='raise')")
+    return fixes or ["read each record's reason in the report"]
 
 
 def check_plan_places_all(plan: Any, num_samples: int, what: str) -> None:
