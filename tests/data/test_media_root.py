@@ -261,10 +261,13 @@ def test_open_image_refuses_bombs_and_broken_files(tmp_path):
     warn = bomb_png(tmp_path / "warn.png", 10_000, 10_000)  # 1e8 px: PIL only warns (limit ~8.9e7)
     err = bomb_png(tmp_path / "err.png", 30_000, 30_000)  # 9e8 px: PIL raises DecompressionBombError
     assert warn.stat().st_size < 200 and Image.MAX_IMAGE_PIXELS < 10_000 * 10_000 < 2 * Image.MAX_IMAGE_PIXELS
-    for p in (warn, err):
+    for p, size in ((warn, "100000000 pixels"), (err, "900000000 pixels")):
         with pytest.raises(ImageError, match=rf"image {p} is too large to decode safely.*MAX_IMAGE_PIXELS") as ei:
             open_image(p)
         assert ei.value.reason == "image_too_large"
+        assert str(ei.value).startswith(  # one limit named: seqpack's, not also PIL's error threshold
+            f"image {p} is too large to decode safely ({size}); seqpack refuses images over "
+            f"PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS} pixels, a decompression bomb guard."), str(ei.value)
     import pickle
 
     e2 = pickle.loads(pickle.dumps(ei.value))

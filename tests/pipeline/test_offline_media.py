@@ -176,7 +176,7 @@ def test_offline_media_missing_image_named(img_dir, qwen3_tokenizer):
 def test_offline_media_unreadable_image_named(img_dir, qwen3_tokenizer):
     (img_dir / "broken.jpg").write_text("not an image")
     data = _llava(img_dir, [_rec("a.jpg"), _rec("broken.jpg")])
-    with pytest.raises(ValueError, match=r"d\.json:1.*broken\.jpg.*--on-error skip"):
+    with pytest.raises(ValueError, match=r"d\.json:1.*broken\.jpg.*on_error='skip'"):
         pack_dataset(data, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=1024, **SMALL)
     res = pack_dataset(data, img_dir / "out", tokenizer=qwen3_tokenizer, seq_length=1024, on_error="skip", **SMALL)
     (e,) = res.report.entries

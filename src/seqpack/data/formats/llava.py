@@ -97,7 +97,7 @@ def _resolve_image(ref: str, ctx: _Ctx) -> str:
             f"image {ref!r} resolves to {os.path.realpath(outside)}, outside the media root {root}; seqpack reads "
             "images only inside the media root (a '../' path, an absolute path elsewhere or a symlink out).",
             "media_outside_root",
-            MEDIA_FIX + "; on_error='skip' (--on-error skip) skips and reports the record.",
+            MEDIA_FIX + "; on_error='skip' skips and reports the record.",
         )
     raise ctx.err(
         f"image {ref!r} not found (looked at {', '.join(str(c) for c in candidates)}).",

@@ -42,7 +42,7 @@ def _raise_media_error(e: ValueError) -> None:
     if isinstance(e, _InMemoryImageError) or "Fix:" in str(e):
         raise e
     raise ValueError(
-        f"{e}. Fix: correct the image path or file in the record, or pass --on-error skip (on_error='skip') to "
+        f"{e}. Fix: correct the image path or file in the record, or pass on_error='skip' to "
         "list such records in the report (report.jsonl) and pack the rest"
     ) from e
 

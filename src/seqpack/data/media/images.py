@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -97,7 +98,8 @@ def open_image(image: Any, *, background: tuple[int, int, int] = (255, 255, 255)
         except ImageError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise _too_large(name, str(e)) from None
+            found = re.search(r"\((\d+) pixels\)", str(e))  # PIL: "Image size (N pixels) exceeds limit of ..."
+            raise _too_large(name, f"{int(found.group(1))} pixels" if found else str(e)) from None
         except Exception as e:  # noqa: BLE001 - PIL's decoders raise OSError, SyntaxError, EOFError, ValueError...
             raise ImageError(f"cannot read image {name}: {type(e).__name__}: {e}; the file is not a complete image "
                              "in a format PIL supports (truncated, corrupt or another kind of file)") from e
@@ -118,9 +120,10 @@ def _too_large(name: str, detail: str) -> ImageError:
     from PIL import Image
 
     return ImageError(
-        f"image {name} is too large to decode safely ({detail}); PIL's limit is Image.MAX_IMAGE_PIXELS = "
-        f"{Image.MAX_IMAGE_PIXELS} pixels (a decompression bomb guard). Fix: resize the image, remove the record "
-        "(on_error='skip' / --on-error skip skips and reports it), or raise PIL.Image.MAX_IMAGE_PIXELS if you "
+        f"image {name} is too large to decode safely ({detail}); seqpack refuses images over "
+        f"PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS} pixels, a decompression bomb guard. Fix: resize "
+        "the image, remove the record "
+        "(on_error='skip' skips and reports it), or raise PIL.Image.MAX_IMAGE_PIXELS if you "
         "trust the file", reason="image_too_large")
 
 
