@@ -20,7 +20,7 @@ import numpy as np
 
 from seqpack.data.length_policy import OverlengthError, apply_overlength, check_overlength, trainable_mask
 from seqpack.data.media.images import load_image_processor
-from seqpack.data.media.placeholders import _position, _record, expand_image_placeholders
+from seqpack.data.media.placeholders import _record, expand_image_placeholders, sample_where
 from seqpack.data.media_root import is_url, stored_image_path
 from seqpack.data.prepare import UNLIMITED, prepare
 from seqpack.data.tokenizer import resolve_tokenizer
@@ -118,7 +118,7 @@ def apply_length_policy(
             continue
         if proc is None:
             proc = load_image_processor(None)
-        where = f"sample {s.sample_id!r} (source {s.source}, {_position(s.source, s.index)})"
+        where = sample_where(s)
         try:
             refs = [_image_ref(r, where) for r in imgs]
             new, rec = expand_image_placeholders(

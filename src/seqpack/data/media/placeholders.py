@@ -163,11 +163,16 @@ def _record(sample: Sample, status: str, reason: str, detail: str, before=None, 
     return SampleRecord(sample.sample_id, sample.source, sample.index, status, reason, detail, before, after)
 
 
-def _position(source: Any, index: Any) -> str:
-    """``"line N"`` for a JSONL record (its index is line - 1, ``seqpack.data.sources``), else ``"index N"``."""
+def sample_where(sample: Sample) -> str:
+    """Where a sample came from, in the words :class:`~seqpack.data.records.DataFormatError` uses for a
+    record: ``"FILE, line N"`` for a JSONL record (its index is line - 1, ``seqpack.data.sources``), else
+    ``"FILE, record N"``, then the sample id: ``"data.jsonl, line 3 (sample 'data.jsonl:2')"``."""
+    source, index = sample.source, sample.index
     if isinstance(index, int) and str(source).lower().endswith((".jsonl", ".ndjson")):
-        return f"line {index + 1}"
-    return f"index {index}"
+        pos = f"line {index + 1}"
+    else:
+        pos = f"record {index}"
+    return f"{source or '<input>'}, {pos} (sample {sample.sample_id!r})"
 
 
 def expand_image_placeholders(
@@ -210,7 +215,7 @@ def expand_image_placeholders(
             too large image (each names the sample id, source and index).
     """
     check_overlength(overlength)
-    where = f"sample {sample.sample_id!r} (source {sample.source}, {_position(sample.source, sample.index)})"
+    where = sample_where(sample)
     media = dict(sample.media or {})
     imgs = list(images if images is not None else media.get("images") or [])
     vt = VisionTokens.from_tokenizer(tokenizer)
