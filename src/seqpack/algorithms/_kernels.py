@@ -928,12 +928,19 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
     ``cap`` = off) closes with the largest sizes that keep it <= ``target`` instead, which pairs
     long with short items where no exact fill exists (equal loads, same pack count there).
 
+    Repeated packs are built once: a pack's decisions read the histogram only through which sizes
+    are left and, for a size ``v`` it takes, through comparisons with ``cap // v`` or less; while
+    every size it takes keeps more than ``cap // v`` copies before each decision, the next pack
+    repeats it exactly, so the repeats are written at once (the same packs as one at a time).
+
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
     O(tries * log64 cap) at worst. Writes the packs in the :func:`grouped_best_fit` layout
     (``slot[start[s] + t]`` = pack of the t-th item of size s) into ``slot`` (int[n]) and their
     loads into ``loads[:nb]`` (int64[n], numpy-allocated by the caller); returns nb."""
     left = cnt.copy()
     used = np.zeros(cap + 1, np.int64)
+    tu = np.zeros(cap + 1, np.int64)  # copies of each size in the pack being built
+    tv = np.empty(cap + 1, np.int64)  # the sizes it takes, in first-taken order
     bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
     for v in range(1, cap + 1):
         if left[v] > 0:
@@ -948,6 +955,7 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
         nb += 1
         load = 0
         first = True
+        ntv = 0
         vmax = cap - _bs_find_ge(bits, lo, 0)
         while placed < n:
             r = cap - load
@@ -1012,7 +1020,35 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
                 _bs_clear(bits, lo, cap - v)
             load += j * v
             placed += j
+            if tu[v] == 0:
+                tv[ntv] = v
+                ntv += 1
+            tu[v] += j
         loads[b] = load
+        # repeats of this pack: as long as each size it takes keeps > cap // v copies left
+        rep = n
+        for t in range(ntv):
+            v = tv[t]
+            m = (left[v] - cap // v - 1) // tu[v] if left[v] > cap // v else -1
+            if m < rep:
+                rep = m
+        if rep > 0:
+            for t in range(ntv):
+                v = tv[t]
+                k = tu[v]
+                p = start[v] + used[v]
+                for m in range(1, rep + 1):
+                    for q in range(k):
+                        slot[p + q] = b + m
+                    p += k
+                used[v] += rep * k
+                left[v] -= rep * k
+                placed += rep * k
+            for m in range(1, rep + 1):
+                loads[b + m] = load
+            nb += rep
+        for t in range(ntv):
+            tu[tv[t]] = 0
     return nb
 
 
