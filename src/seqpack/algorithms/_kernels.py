@@ -827,6 +827,66 @@ def grouped_best_fit(cnt, start, cap, n):
 
 
 @njit(cache=True)
+def grouped_best_fit_count(cnt, cap):
+    """The pack count of best fit decreasing (:func:`grouped_best_fit`) from the size histogram alone.
+
+    Which pack takes an item depends only on the remaining rooms, never on which pack has them, so
+    best fit decreasing can run on a histogram of rooms: for the items of size ``s`` (sizes
+    descending), all packs of the smallest room ``r >= s`` take ``r // s`` items each (the last one
+    of them what is left), moving to room ``r - j * s``; with no such room, packs of ``cap // s``
+    items open. ``cnt`` int64[cap+1] (``size_groups``). Each step empties a room bucket or ends a
+    size group: at most the steps of :func:`grouped_best_fit`, with no per-item work (O(cap + steps)).
+    Returns nb (int)."""
+    rc = np.zeros(cap + 1, np.int64)  # packs per remaining room (room 0 not kept)
+    bits, lo = _bs_new(cap + 1)
+    nb = 0
+    for s in range(cap, 0, -1):
+        left = cnt[s]
+        while left > 0:
+            r = _bs_find_ge(bits, lo, s)
+            if r < 0:
+                q = cap // s
+                full = left // q
+                rem = left - full * q
+                nb += full
+                r2 = cap - q * s
+                if full > 0 and r2 > 0:
+                    if rc[r2] == 0:
+                        _bs_set(bits, lo, r2)
+                    rc[r2] += full
+                if rem > 0:
+                    nb += 1
+                    r2 = cap - rem * s
+                    if rc[r2] == 0:
+                        _bs_set(bits, lo, r2)
+                    rc[r2] += 1
+                break
+            j = r // s
+            k = rc[r]
+            if left >= k * j:
+                take = k
+                rem = 0
+            else:
+                take = left // j
+                rem = left - take * j
+            rc[r] -= take + (1 if rem > 0 else 0)
+            if rc[r] == 0:
+                _bs_clear(bits, lo, r)
+            left -= take * j + rem
+            r2 = r - j * s
+            if take > 0 and r2 > 0:
+                if rc[r2] == 0:
+                    _bs_set(bits, lo, r2)
+                rc[r2] += take
+            if rem > 0:
+                r2 = r - rem * s
+                if rc[r2] == 0:
+                    _bs_set(bits, lo, r2)
+                rc[r2] += 1
+    return nb
+
+
+@njit(cache=True)
 def _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room):
     """Best fit decreasing on a size histogram, one size group at a time.
 

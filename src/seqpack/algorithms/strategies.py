@@ -164,7 +164,9 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
        reaches L2 or L2 + 0.03 % where BFD is up to L2 + 0.27 % (lognormal exp(N(6.2, 0.5)), C = 4096).
     2. Only when that is above L1 and above the Martello-Toth bound L2: BFD (the packs of
        ``best_fit_decreasing``, one size group at a time, ``_kernels.grouped_best_fit``, O(n + C)),
-       kept when it needs fewer packs, so the default never uses more packs than BFD; then, for
+       kept when it needs fewer packs, so the default never uses more packs than BFD (its pack count
+       comes first from the size histogram, ``_kernels.grouped_best_fit_count``, O(C) steps, and the
+       packs are built only when they win); then, for
        <= MIN_SLACK_MAX_DISTINCT distinct lengths, Minimum Bin Slack (Gupta & Ho 1999, bounded DFS,
        linear in n for few distinct lengths).
 
@@ -228,10 +230,9 @@ def _balanced_large(sizes, cap, cnt, start, detail):
     winner = "fill"
     bin_of = None
     if nb > -(-total // cap):
-        if nb > l2:
-            slot2, nb2, room2 = K.grouped_best_fit(cnt, start, cap, n)
-            if nb2 < nb:
-                slot, nb, loads, winner = slot2, nb2, cap - room2, "bfd"
+        if nb > l2 and K.grouped_best_fit_count(cnt, cap) < nb:  # BFD's pack count first, from the histogram
+            slot, nb, room2 = K.grouped_best_fit(cnt, start, cap, n)
+            loads, winner = cap - room2, "bfd"
         if nb > l2 and int(np.count_nonzero(cnt)) <= MIN_SLACK_MAX_DISTINCT:
             b2, n2 = K.min_slack(sizes, cap, MIN_SLACK_BUDGET)
             if n2 < nb:
