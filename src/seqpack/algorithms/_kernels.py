@@ -1318,24 +1318,43 @@ def level_slots(cnt, start, slot, loads, cap, tol):
             rid[recv[k]] = k2
             ru[k2] = recv[k]
             k2 += 1
+    # the receivers' slots, sizes descending: one pass over the slots records them in a fixed buffer;
+    # a second pass only when they do not fit in it
     roff = np.zeros(left + 1, np.int64)
     n = slot.shape[0]
+    hbuf = np.empty(min(n, max(1024, 64 * left)), np.int64)
+    nh = 0
     for p in range(n):
-        r = rid[slot[p]]
-        if r >= 0:
-            roff[r + 1] += 1
+        d = slot[p]
+        if isrecv[d] == 1:
+            roff[rid[d] + 1] += 1
+            if nh < hbuf.shape[0]:
+                hbuf[nh] = p
+            nh += 1
     for r in range(left):
         roff[r + 1] += roff[r]
     rpos = np.empty(roff[left], np.int64)
     rsz = np.empty(roff[left], np.int64)
     fill = roff[:-1].copy()
-    for s in range(cap, 0, -1):
-        for p in range(start[s], start[s] + cnt[s]):
+    if nh <= hbuf.shape[0]:
+        s = cap
+        for h in range(nh):
+            p = hbuf[h]
+            while p >= start[s] + cnt[s]:
+                s -= 1
             r = rid[slot[p]]
-            if r >= 0:
-                rpos[fill[r]] = p
-                rsz[fill[r]] = s
-                fill[r] += 1
+            rpos[fill[r]] = p
+            rsz[fill[r]] = s
+            fill[r] += 1
+    else:
+        for s in range(cap, 0, -1):
+            for p in range(start[s], start[s] + cnt[s]):
+                d = slot[p]
+                if isrecv[d] == 1:
+                    r = rid[d]
+                    rpos[fill[r]] = p
+                    rsz[fill[r]] = s
+                    fill[r] += 1
     P2 = _pow2(cap + 1)
     tree2 = np.zeros(2 * P2, np.uint8)
     q = start.copy()
