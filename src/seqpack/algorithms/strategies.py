@@ -223,7 +223,7 @@ def _pack_balanced_best_fit(sizes, cap, seed, detail=None):
 def _balanced_large(sizes, cap, cnt, start, detail):
     """``_pack_balanced_best_fit`` above PORTFOLIO_ALWAYS_ITEMS items (steps in its docstring)."""
     n = sizes.size
-    total = int(sizes.sum())
+    total = int(cnt @ np.arange(cap + 1, dtype=np.int64))  # the sum of the sizes, from the histogram
     l2 = lower_bound_l2_counts(cnt, cap)
     target = min(cap, -(-total // l2))  # the mean load at L2 packs
     slot, nb, loads = K.grouped_exact_fill(cnt, start, cap, n, EXACT_FILL_TRIES, target)
