@@ -515,6 +515,7 @@ def test_grouped_best_fit_packs_each_index_once_and_equals_bfd(inst):
     assert loads.max() <= cap and np.array_equal(loads, cap - room)
     ref, nb_ref = K.best_fit(x, K.desc_order(x, cap), cap)  # item-by-item best fit decreasing
     assert nb == nb_ref and np.array_equal(bin_of, ref)
+    assert K.grouped_best_fit_count(cnt, cap) == nb  # the count from the histogram of rooms alone
     again = K.slots_to_bins(x, start, K.grouped_best_fit(cnt, start, cap, x.size)[0])
     assert np.array_equal(again, bin_of)  # deterministic
     if x.size <= 9:

@@ -827,6 +827,66 @@ def grouped_best_fit(cnt, start, cap, n):
 
 
 @njit(cache=True)
+def grouped_best_fit_count(cnt, cap):
+    """The pack count of best fit decreasing (:func:`grouped_best_fit`) from the size histogram alone.
+
+    Which pack takes an item depends only on the remaining rooms, never on which pack has them, so
+    best fit decreasing can run on a histogram of rooms: for the items of size ``s`` (sizes
+    descending), all packs of the smallest room ``r >= s`` take ``r // s`` items each (the last one
+    of them what is left), moving to room ``r - j * s``; with no such room, packs of ``cap // s``
+    items open. ``cnt`` int64[cap+1] (``size_groups``). Each step empties a room bucket or ends a
+    size group: at most the steps of :func:`grouped_best_fit`, with no per-item work (O(cap + steps)).
+    Returns nb (int)."""
+    rc = np.zeros(cap + 1, np.int64)  # packs per remaining room (room 0 not kept)
+    bits, lo = _bs_new(cap + 1)
+    nb = 0
+    for s in range(cap, 0, -1):
+        left = cnt[s]
+        while left > 0:
+            r = _bs_find_ge(bits, lo, s)
+            if r < 0:
+                q = cap // s
+                full = left // q
+                rem = left - full * q
+                nb += full
+                r2 = cap - q * s
+                if full > 0 and r2 > 0:
+                    if rc[r2] == 0:
+                        _bs_set(bits, lo, r2)
+                    rc[r2] += full
+                if rem > 0:
+                    nb += 1
+                    r2 = cap - rem * s
+                    if rc[r2] == 0:
+                        _bs_set(bits, lo, r2)
+                    rc[r2] += 1
+                break
+            j = r // s
+            k = rc[r]
+            if left >= k * j:
+                take = k
+                rem = 0
+            else:
+                take = left // j
+                rem = left - take * j
+            rc[r] -= take + (1 if rem > 0 else 0)
+            if rc[r] == 0:
+                _bs_clear(bits, lo, r)
+            left -= take * j + rem
+            r2 = r - j * s
+            if take > 0 and r2 > 0:
+                if rc[r2] == 0:
+                    _bs_set(bits, lo, r2)
+                rc[r2] += take
+            if rem > 0:
+                r2 = r - rem * s
+                if rc[r2] == 0:
+                    _bs_set(bits, lo, r2)
+                rc[r2] += 1
+    return nb
+
+
+@njit(cache=True)
 def _grouped_best_fit_into(cnt, start, cap, n, slot, nxt, room):
     """Best fit decreasing on a size histogram, one size group at a time.
 
@@ -928,12 +988,19 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
     ``cap`` = off) closes with the largest sizes that keep it <= ``target`` instead, which pairs
     long with short items where no exact fill exists (equal loads, same pack count there).
 
+    Repeated packs are built once: a pack's decisions read the histogram only through which sizes
+    are left and, for a size ``v`` it takes, through comparisons with ``cap // v`` or less; while
+    every size it takes keeps more than ``cap // v`` copies before each decision, the next pack
+    repeats it exactly, so the repeats are written at once (the same packs as one at a time).
+
     ``cnt``/``start``: :func:`size_groups`. Each step places >= 1 item: O(n + cap) steps, each
     O(tries * log64 cap) at worst. Writes the packs in the :func:`grouped_best_fit` layout
     (``slot[start[s] + t]`` = pack of the t-th item of size s) into ``slot`` (int[n]) and their
     loads into ``loads[:nb]`` (int64[n], numpy-allocated by the caller); returns nb."""
     left = cnt.copy()
     used = np.zeros(cap + 1, np.int64)
+    tu = np.zeros(cap + 1, np.int64)  # copies of each size in the pack being built
+    tv = np.empty(cap + 1, np.int64)  # the sizes it takes, in first-taken order
     bits, lo = _bs_new(cap + 1)  # value v stored as cap - v: smallest stored = largest size
     for v in range(1, cap + 1):
         if left[v] > 0:
@@ -948,6 +1015,7 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
         nb += 1
         load = 0
         first = True
+        ntv = 0
         vmax = cap - _bs_find_ge(bits, lo, 0)
         while placed < n:
             r = cap - load
@@ -1012,7 +1080,35 @@ def _grouped_exact_fill_into(cnt, start, cap, n, tries, target, slot, loads):
                 _bs_clear(bits, lo, cap - v)
             load += j * v
             placed += j
+            if tu[v] == 0:
+                tv[ntv] = v
+                ntv += 1
+            tu[v] += j
         loads[b] = load
+        # repeats of this pack: as long as each size it takes keeps > cap // v copies left
+        rep = n
+        for t in range(ntv):
+            v = tv[t]
+            m = (left[v] - cap // v - 1) // tu[v] if left[v] > cap // v else -1
+            if m < rep:
+                rep = m
+        if rep > 0:
+            for t in range(ntv):
+                v = tv[t]
+                k = tu[v]
+                p = start[v] + used[v]
+                for m in range(1, rep + 1):
+                    for q in range(k):
+                        slot[p + q] = b + m
+                    p += k
+                used[v] += rep * k
+                left[v] -= rep * k
+                placed += rep * k
+            for m in range(1, rep + 1):
+                loads[b + m] = load
+            nb += rep
+        for t in range(ntv):
+            tu[tv[t]] = 0
     return nb
 
 
@@ -1222,24 +1318,43 @@ def level_slots(cnt, start, slot, loads, cap, tol):
             rid[recv[k]] = k2
             ru[k2] = recv[k]
             k2 += 1
+    # the receivers' slots, sizes descending: one pass over the slots records them in a fixed buffer;
+    # a second pass only when they do not fit in it
     roff = np.zeros(left + 1, np.int64)
     n = slot.shape[0]
+    hbuf = np.empty(min(n, max(1024, 64 * left)), np.int64)
+    nh = 0
     for p in range(n):
-        r = rid[slot[p]]
-        if r >= 0:
-            roff[r + 1] += 1
+        d = slot[p]
+        if isrecv[d] == 1:
+            roff[rid[d] + 1] += 1
+            if nh < hbuf.shape[0]:
+                hbuf[nh] = p
+            nh += 1
     for r in range(left):
         roff[r + 1] += roff[r]
     rpos = np.empty(roff[left], np.int64)
     rsz = np.empty(roff[left], np.int64)
     fill = roff[:-1].copy()
-    for s in range(cap, 0, -1):
-        for p in range(start[s], start[s] + cnt[s]):
+    if nh <= hbuf.shape[0]:
+        s = cap
+        for h in range(nh):
+            p = hbuf[h]
+            while p >= start[s] + cnt[s]:
+                s -= 1
             r = rid[slot[p]]
-            if r >= 0:
-                rpos[fill[r]] = p
-                rsz[fill[r]] = s
-                fill[r] += 1
+            rpos[fill[r]] = p
+            rsz[fill[r]] = s
+            fill[r] += 1
+    else:
+        for s in range(cap, 0, -1):
+            for p in range(start[s], start[s] + cnt[s]):
+                d = slot[p]
+                if isrecv[d] == 1:
+                    r = rid[d]
+                    rpos[fill[r]] = p
+                    rsz[fill[r]] = s
+                    fill[r] += 1
     P2 = _pow2(cap + 1)
     tree2 = np.zeros(2 * P2, np.uint8)
     q = start.copy()
@@ -1332,11 +1447,49 @@ def shuffle_buckets(lab, u, vals):
     uint32[m] uniform). Both passes touch one cache-sized bucket at a time, where an in-place
     Fisher-Yates over ``m`` > the cache misses it on every swap. Returns (perm int64[m],
     ``vals[perm]`` int64[m]), ``vals`` int64[m] (carried along: no random gather afterwards). The
-    outputs are allocated by numpy (huge pages on large arrays: fewer TLB misses in the scatter)."""
-    out = np.empty(lab.shape[0], np.int64)
-    vout = np.empty(lab.shape[0], np.int64)
-    _shuffle_buckets_into(lab, u, vals, out, vout)
+    outputs are allocated by numpy (huge pages on large arrays: fewer TLB misses in the scatter).
+    When ``m - 1`` and ``max(vals)`` (``vals`` >= 0) fit in 63 bits together, each element travels
+    as one int64 ``i << vbits | vals[i]`` (half the write streams of the scatter and half the swaps;
+    the same permutation)."""
+    m = lab.shape[0]
+    out = np.empty(m, np.int64)
+    vout = np.empty(m, np.int64)
+    vmax = int(vals.max()) if m else 0
+    vmin = int(vals.min()) if m else 0
+    vbits = max(1, vmax.bit_length())
+    if vmin >= 0 and max(1, int(m - 1).bit_length()) + vbits <= 63:
+        _shuffle_buckets_packed(lab, u, vals, vbits, out, vout)
+    else:
+        _shuffle_buckets_into(lab, u, vals, out, vout)
     return out, vout
+
+
+@njit(cache=True)
+def _shuffle_buckets_packed(lab, u, vals, vbits, out, vout):
+    """:func:`shuffle_buckets` with ``i << vbits | vals[i]`` in one int64 (``out`` is the scratch)."""
+    m = lab.shape[0]
+    cnt = np.zeros(257, np.int64)
+    for i in range(m):
+        cnt[lab[i] + 1] += 1
+    for k in range(256):
+        cnt[k + 1] += cnt[k]
+    pos = cnt[:256].copy()
+    for i in range(m):
+        k = lab[i]
+        vout[pos[k]] = (np.int64(i) << vbits) | vals[i]
+        pos[k] += 1
+    for k in range(256):
+        a = cnt[k]
+        for t in range(cnt[k + 1] - a - 1, 0, -1):
+            j = (np.uint64(u[a + t]) * np.uint64(t + 1)) >> np.uint64(32)
+            x = vout[a + t]
+            vout[a + t] = vout[a + j]
+            vout[a + j] = x
+    mask = (np.int64(1) << vbits) - 1
+    for i in range(m):
+        x = vout[i]
+        out[i] = x >> vbits
+        vout[i] = x & mask
 
 
 @njit(cache=True)

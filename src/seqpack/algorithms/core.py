@@ -216,11 +216,12 @@ def pack_lengths(
         perm = np.arange(nb)
     bins = _FlatPacks((items, off, perm))
     total_pad = int(padded.sum())
+    total_raw = total_pad if padded is raw else int(raw.sum())
     return PackingPlan(
         bins=bins,
         num_bins=nb,
         lower_bound=-(-total_pad // capacity),
-        utilization=float(raw.sum()) / (nb * capacity),
+        utilization=float(total_raw) / (nb * capacity),
         bin_loads=loads,
         algorithm=algo,
         capacity=capacity,
