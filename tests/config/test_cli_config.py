@@ -185,3 +185,26 @@ def test_config_commands_print_errors_on_stderr_only(args, start, tmp_path, monk
     r = CliRunner().invoke(app, args)
     assert r.exit_code in (1, 2) and r.stdout == ""  # a `> out.yaml` redirect never captures an error
     assert r.stderr.startswith(start), r.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_validate_prints_problems_on_stderr_within_the_terminal_width(tmp_path, columns):
+    p = tmp_path / "bad.yaml"
+    p.write_text("seq_length: 150\ncontext_parallel_size: 2\npacking: streaming\nmtp_num_layers: 1\n"
+                 "model_family: deepseek_v3\n")
+    r = CliRunner(env={"COLUMNS": str(columns), "NO_COLOR": "1"}).invoke(app, ["validate", str(p)])
+    assert r.exit_code == 1 and r.stdout == ""
+    err = r.stderr
+    assert [line for line in err.splitlines() if len(line) > columns] == []
+    flat = " ".join(err.split())
+    assert "4 problems in" in flat and "148 or 152" in flat and "case B23" in flat
+    for rule in ("seq_length_divisible", "cp_loss_settings", "streaming_loss", "streaming_mtp"):
+        assert rule in err
+    if columns == 80:  # one entry per problem, words whole (a table's cells would cut them)
+        assert "1. seq_length_divisible" in err and "   keys: seq_length" in err
+        for word in ("calculate_per_token_loss", "context_parallel_size", "mtp_num_layers"):
+            assert word in err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("seq_length: 4096\n")
+    r = CliRunner(env={"COLUMNS": str(columns)}).invoke(app, ["validate", str(ok)])
+    assert r.exit_code == 0 and r.stdout.startswith("OK ") and r.stderr == ""

@@ -194,9 +194,30 @@ def load_config(config: Path) -> tuple[PackingConfig, str]:
 
 
 def print_violations(console: Console, violations: list, source: str) -> None:
-    """The table of config problems (rule, keys, problem, fix) ``seqpack validate`` prints, and the
-    docs/cases.md label of each case met."""
-    table = Table(title=escape(f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"),
+    """The config problems (rule, keys, problem, fix) ``seqpack validate`` and ``seqpack pack --config``
+    print, and the docs/cases.md label of each case met: a table on a console of 120 columns or more, else
+    one numbered entry per problem wrapped at word boundaries to the console's width (a table's cells would
+    break words at 80 columns)."""
+    title = f"{len(violations)} problem{'s' if len(violations) != 1 else ''} in {source}"
+    if console.width < 120:
+        import textwrap
+
+        def wrapped(label: str, text: str) -> str:
+            return textwrap.fill(text, width=max(40, console.width - 1), initial_indent=f"   {label}: ",
+                                 subsequent_indent="   " + " " * (len(label) + 2), break_long_words=False,
+                                 break_on_hyphens=False)
+
+        lines = [textwrap.fill(title, width=max(40, console.width - 1), break_long_words=False)]
+        for i, v in enumerate(violations, 1):
+            case = f" (case {v.case})" if v.case else ""
+            lines += [f"{i}. {v.rule}{case}", wrapped("keys", ", ".join(v.keys)), wrapped("problem", v.problem),
+                      wrapped("fix", v.fix)]
+        lines += [textwrap.fill(f"{case_label(case)} (docs/cases.md)", width=max(40, console.width - 1),
+                                subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+                  for case in sorted({v.case for v in violations if v.case})]
+        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(title=escape(title),
                   show_lines=True, expand=True)
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("rule", no_wrap=True)

@@ -42,6 +42,9 @@ def validate_cmd(
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
 
+    A valid config prints one OK line on stdout; problems are printed as a table on stderr (--format
+    json prints the verdict on stdout either way).
+
     CONFIG may also be a recipe name (see `seqpack recipe`). With PACKED_DIR, or packed_dataset_path
     set in the config, the stored dataset's metadata is compared with the config too: capacity,
     effective pad multiple, CP size, train_on and tokenizer identity are violations; a different
@@ -91,8 +94,9 @@ def validate_cmd(
         _print_notes(console, notes)
         raise typer.Exit(0)
 
-    print_violations(console, violations, source)
-    _print_notes(console, notes)
+    problems = Console(stderr=True, highlight=False)  # the problems are errors: stderr, the terminal's width
+    print_violations(problems, violations, source)
+    _print_notes(problems, notes)
     raise typer.Exit(1)
 
 
