@@ -121,6 +121,14 @@ def test_a_bad_plot_path_fails_before_any_shard_is_read(packed, tmp_path, monkey
     assert _error(_run("inspect", packed, "--verify", "--plot", missing), 1) == (
         f"error: cannot write the plot {missing}: the folder {missing.parent} does not exist; create it first "
         "or choose another path")
+    a_file = tmp_path / "notes.jsonl"
+    a_file.write_text("{}\n")
+    assert _error(_run("inspect", packed, "--plot", a_file / "r.png"), 1) == (
+        f"error: cannot write the plot {a_file / 'r.png'}: {a_file} is a file, not a folder; choose another path")
+    msg = _error(_run("inspect", packed, "--plot", tmp_path / "plot.jsonl"), 1)
+    assert msg.startswith(f"error: cannot write the plot {tmp_path / 'plot.jsonl'}: '.jsonl' is not an image "
+                          "format matplotlib writes; use .png (or one of ") and ".svg" in msg
+    assert not (tmp_path / "plot.jsonl").exists()
     if os.geteuid() != 0:  # root writes anywhere
         ro = tmp_path / "ro"
         ro.mkdir()

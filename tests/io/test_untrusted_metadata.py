@@ -14,7 +14,7 @@ import pytest
 from seqpack import load_packed, pack_dataset
 from seqpack.io import PackedDatasetError
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS, recompute_fingerprint
-from seqpack.io.output_dir import private_cache_root
+from seqpack.io.cache import private_cache_root
 
 
 @pytest.fixture(scope="module")

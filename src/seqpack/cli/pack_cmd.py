@@ -305,13 +305,13 @@ def inspect(
     ),
 ) -> None:
     """Print a packed dataset's metadata summary and write report.png (length and pack-fill histograms)."""
-    from seqpack.io import check_output_file, load_packed  # defers pyarrow until the command runs
-    from seqpack.io.summary import plot_report, summary_rows
+    from seqpack.io import load_packed  # defers pyarrow until the command runs
+    from seqpack.io.summary import plot_path, plot_report, summary_rows
 
     require_path_kind(path, "folder", "packed dataset", "pass the folder `seqpack pack --output` wrote", 1)
     try:
         if plot is not None and not no_plot and not as_json:  # a bad --plot fails before any shard is read
-            check_output_file(plot, "plot", "report.png")
+            plot_path(plot)
         ds = load_packed(path, verify=verify)
         if verify:
             packs = ds.validate_rows()
@@ -329,6 +329,9 @@ def inspect(
             except PermissionError as exc:
                 _fail(f"cannot write the plot {exc.filename or plot}: no permission (a read-only dataset?); pass "
                       "--plot PATH to write it elsewhere, or --no-plot", 1)
+            except OSError as exc:  # e.g. a file system that refuses new files (/proc), a full disk
+                _fail(f"cannot write the plot {exc.filename or plot}: {exc.strerror or exc}; pass --plot PATH "
+                      "to write it elsewhere, or --no-plot", 1)
             _out.print(f"wrote {png}")
     except Exception as exc:  # noqa: BLE001
         code = _user_error_code(exc)

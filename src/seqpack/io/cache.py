@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import stat
+import tempfile
 import uuid
 import warnings
 from dataclasses import asdict, dataclass
@@ -36,9 +37,8 @@ import pyarrow.parquet as pq
 
 from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import PackedDatasetError
-from seqpack.io.output_dir import private_cache_root
 
-__all__ = ["CACHE_DIR", "ShardIdentity", "ShardCache", "check_shard", "open_shard", "read_shard"]
+__all__ = ["CACHE_DIR", "ShardIdentity", "ShardCache", "check_shard", "open_shard", "private_cache_root", "read_shard"]
 
 #: The Arrow cache folder inside a dataset.
 CACHE_DIR = ".cache"
@@ -255,3 +255,23 @@ class ShardCache:
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+
+def private_cache_root() -> Path:
+    """This user's Arrow cache folder in the temp dir (``seqpack-arrow-cache-<uid>``, mode 0700), for
+    datasets in read-only folders.
+
+    Raises:
+        PackedDatasetError: the folder exists but belongs to another user, is a symlink, or others can
+            write to it (another local user could plant cache files that would be served as rows).
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    root = Path(tempfile.gettempdir()) / f"seqpack-arrow-cache-{uid}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != uid) \
+            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PackedDatasetError(
+            f"the Arrow cache folder {root} is not private to this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it, or pass cache_dir= a folder only you can write")
+    return root

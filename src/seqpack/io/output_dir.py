@@ -26,8 +26,6 @@ import errno
 import os
 import re
 import shutil
-import stat
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,7 +35,6 @@ from seqpack.io.metadata import (
     METADATA_FILE,
     REPORT_FILE,
     REPORT_PNG,
-    PackedDatasetError,
 )
 
 __all__ = [
@@ -49,7 +46,6 @@ __all__ = [
     "check_output_file",
     "fsync_dir",
     "fsync_file",
-    "private_cache_root",
     "publish_dir",
     "remove_leftovers",
     "replace_dir",
@@ -219,6 +215,7 @@ def check_output_file(path: str | os.PathLike, what: str, example: str = "out") 
     Raises:
         IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it,
             e.g. ``<path>/<example>``).
+        NotADirectoryError: its parent is a file.
         FileNotFoundError: its folder does not exist (never created: a typo must not make folders).
         PermissionError: the file (when it exists) or its folder is not writable by this user.
     """
@@ -226,8 +223,11 @@ def check_output_file(path: str | os.PathLike, what: str, example: str = "out") 
     if p.is_dir():
         raise IsADirectoryError(f"{what} {p} is a folder, not a file; give a file name, e.g. {p / example}")
     if not p.parent.is_dir():
-        raise FileNotFoundError(f"cannot write the {what} {p}: the folder {p.parent} does not exist; create it "
-                                "first or choose another path")
+        is_file = p.parent.exists()
+        raise (NotADirectoryError if is_file else FileNotFoundError)(
+            f"cannot write the {what} {p}: " + (f"{p.parent} is a file, not a folder; choose another path" if is_file
+                                                else f"the folder {p.parent} does not exist; create it first or "
+                                                "choose another path"))
     if not os.access(p if p.exists() else p.parent, os.W_OK):
         where = f"the file {p}" if p.exists() else f"the folder {p.parent}"
         raise PermissionError(f"cannot write the {what} {p}: {where} is not writable by this user; choose "
@@ -376,23 +376,3 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
     else:
         shutil.rmtree(p, ignore_errors=True)
-
-
-def private_cache_root() -> Path:
-    """This user's Arrow cache folder in the temp dir (``seqpack-arrow-cache-<uid>``, mode 0700), for
-    datasets in read-only folders.
-
-    Raises:
-        PackedDatasetError: the folder exists but belongs to another user, is a symlink, or others can
-            write to it (another local user could plant cache files that would be served as rows).
-    """
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    root = Path(tempfile.gettempdir()) / f"seqpack-arrow-cache-{uid}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(root)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != uid) \
-            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PackedDatasetError(
-            f"the Arrow cache folder {root} is not private to this user (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); remove it, or pass cache_dir= a folder only you can write")
-    return root

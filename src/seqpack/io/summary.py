@@ -19,8 +19,28 @@ from seqpack.io.metadata import REPORT_PNG
 from seqpack.io.output_dir import check_output_file
 from seqpack.io.reader import PackedDataset, load_packed
 
-__all__ = ["summary_rows", "plot_report", "REPORT_PNG"]
+__all__ = ["summary_rows", "plot_path", "plot_report", "REPORT_PNG"]
 
+
+def plot_path(out_path: str | os.PathLike) -> Path:
+    """The file :func:`plot_report` writes for ``out_path``, checked before any work: a path without a
+    suffix gets ``.png``; a suffix must be an image format matplotlib writes (``png``, ``pdf``, ``svg`` ...).
+
+    Raises:
+        ValueError: the suffix is not such a format (e.g. ``.jsonl``).
+        IsADirectoryError, NotADirectoryError, FileNotFoundError, PermissionError: the path is a folder,
+            its parent is a file or missing, or it is not writable
+            (:func:`seqpack.io.output_dir.check_output_file`; nothing is created).
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = check_output_file(out_path, "plot", REPORT_PNG)
+    out = out if out.suffix else out.with_name(out.name + ".png")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix[1:].lower() not in kinds:
+        raise ValueError(f"cannot write the plot {out}: {out.suffix!r} is not an image format matplotlib "
+                         f"writes; use .png (or one of {', '.join('.' + k for k in sorted(kinds))})")
+    return out
 
 
 def _fmt_reasons(d: Any) -> str:
@@ -86,8 +106,8 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
 
     Raises:
         seqpack.io.PackedDatasetError: the directory is not a complete packed dataset.
-        IsADirectoryError, FileNotFoundError: ``out_path`` is a folder, or its folder does not exist
-            (:func:`seqpack.io.output_dir.check_output_file`; nothing is created).
+        ValueError, IsADirectoryError, NotADirectoryError, FileNotFoundError, PermissionError: ``out_path``
+            cannot be the plot (:func:`plot_path`; nothing is created).
         OSError: the PNG cannot be written (e.g. read-only directory: pass ``out_path``).
 
     A path without a suffix gets ``.png`` (what is written is what is returned).
@@ -96,8 +116,7 @@ def plot_report(dataset: Any, out_path: str | os.PathLike | None = None, *, bins
     from matplotlib.figure import Figure
 
     ds = dataset if isinstance(dataset, PackedDataset) else load_packed(dataset)
-    out = check_output_file(out_path, "plot", REPORT_PNG) if out_path is not None else ds.path / REPORT_PNG
-    out = out if out.suffix else out.with_name(out.name + ".png")
+    out = plot_path(out_path) if out_path is not None else ds.path / REPORT_PNG
     m = ds.metadata
     lengths = ds.segment_lengths()
     fill = ds.column("num_tokens") / float(m.seq_length) if len(ds) else np.zeros(0)
