@@ -11,6 +11,7 @@ import typer
 # Importing a command module registers its commands on ``app``, in `seqpack --help` order (pack_cmd
 # first); the plugins' commands follow (``load_plugins`` below).
 from seqpack.cli import pack_cmd, config_cmd  # noqa: F401  # isort: skip
+from seqpack.cli.allocator import prefer_system_allocator
 from seqpack.cli.app import app, reflow_help
 
 #: entry-point group of command plugins (see :func:`load_plugins`).
@@ -71,5 +72,8 @@ reflow_help(app)  # after the plugins: their help is reflowed too
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app on ``argv`` (default: ``sys.argv[1:]``)."""
+    """Console-script entry point: run the app on ``argv`` (default: ``sys.argv[1:]``), with Arrow on the
+    C library's allocator unless ``ARROW_DEFAULT_MEMORY_POOL`` is set (:func:`prefer_system_allocator`:
+    a lower peak memory when writing packs)."""
+    prefer_system_allocator()
     app(args=argv)
