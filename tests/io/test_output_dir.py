@@ -314,6 +314,29 @@ def test_an_unwritable_parent_is_refused_before_reading(tmp_path):
         ro.chmod(0o700)
 
 
+def test_overwriting_a_dataset_this_user_cannot_delete_is_refused_before_reading(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    _pack(out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    data = out / "data"
+    if os.geteuid() != 0:
+        data.chmod(0o500)  # another user's dataset: its files cannot be unlinked by us
+    else:  # root may delete anything: make the check see what a non-owner sees
+        real = output_dir.os.access
+        monkeypatch.setattr(output_dir.os, "access", lambda p, mode: False if Path(p) == data else real(p, mode))
+    try:
+        with pytest.raises(PermissionError) as ei:
+            pack_dataset([str(tmp_path / "not read.jsonl")], str(out), overwrite=True, progress=None, **DEMO)
+        assert str(ei.value) == (
+            f"output {out} holds a packed dataset this user cannot delete ({data} is not writable, owner uid "
+            f"{data.stat().st_uid}); --overwrite would leave its files behind. Ask its owner to remove it, or "
+            "choose another --output")
+    finally:
+        data.chmod(0o700)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert _hidden(tmp_path) == []
+
+
 def test_a_mount_point_is_refused(tmp_path, monkeypatch):
     out = tmp_path / "mnt"
     out.mkdir()

@@ -241,7 +241,8 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
 
     Raises:
         NotADirectoryError: a parent of ``output`` is a file.
-        PermissionError: the nearest existing parent is not writable.
+        PermissionError: the nearest existing parent is not writable; an existing dataset to overwrite
+            that this user cannot delete (a folder of it not writable).
         ValueError: ``output`` is an empty string.
         FileExistsError: ``output`` is a file or a mount point; an existing seqpack dataset and
             ``overwrite`` is False; a dataset holding files seqpack did not write (named, never
@@ -271,6 +272,12 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
                 "replaces only seqpack's own files and never deletes yours. Move them out of the folder, or "
                 "choose another --output"
             )
+        locked = [d for d in (out, out / DATA_DIR, out / ".cache") if d.is_dir() and not os.access(d, os.W_OK | os.X_OK)]
+        if locked:
+            raise PermissionError(
+                f"output {out} holds a packed dataset this user cannot delete ({locked[0]} is not writable, owner "
+                f"uid {locked[0].stat().st_uid}); --overwrite would leave its files behind. Ask its owner to "
+                "remove it, or choose another --output")
         return out
     raise FileExistsError(
         f"output {out} is a non-empty directory that is not a seqpack packed dataset (no "
