@@ -45,6 +45,21 @@ def test_repeated_input_file_read_once(tmp_path, qwen3_tokenizer):
     assert [p.name for p in dedupe_inputs([b, tmp_path / "link.jsonl", a])] == ["b.jsonl", "a.jsonl"]
 
 
+def test_a_repeated_input_is_a_warning_on_the_cli_even_with_quiet(tmp_path):
+    import subprocess
+    import sys
+
+    a = _jsonl(tmp_path / "a.jsonl", _chat(3))
+    src = Path(__file__).resolve().parents[2] / "src"
+    r = subprocess.run([sys.executable, "-m", "seqpack", "pack", str(a), str(a), "-o", str(tmp_path / "o"), "-q",
+                        "--seq-length", "256"], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": str(src)})
+    assert r.returncode == 0, r.stderr
+    assert f"warning: input {a} is the same file as {a} (listed twice, e.g. by a path and an overlapping glob): " \
+           "read once, so each record is packed once" in r.stderr
+    assert "records read" in r.stdout and " 3 " in r.stdout.replace("│", " ")
+
+
 def test_huge_seq_length_refused_before_reading_data(tmp_path):
     seq = 100_000_000
     with pytest.raises(PackConfigError, match="MAX_CAPACITY_UNITS") as ei:

@@ -129,8 +129,8 @@ def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> 
                     log(f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])}; read once")
                 else:
                     logger.warning(
-                        "input %s is the same file as %s (listed twice, e.g. by a path and an overlapping "
-                        "glob): read once", it, seen[real]
+                        "warning: input %s is the same file as %s (listed twice, e.g. by a path and an "
+                        "overlapping glob): read once, so each record is packed once", it, seen[real]
                     )
                 continue
             seen[real] = it

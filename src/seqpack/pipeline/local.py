@@ -171,7 +171,7 @@ def pack_dataset(
         on_error=on_error, train_on=train_on, seed=seed, format=format, overwrite=overwrite,
         rows_per_shard=rows_per_shard, validate=validate, image_processor=image_processor,
         min_pixels=min_pixels, max_pixels=max_pixels, num_proc=num_proc, media_dir=media_dir,
-        allow_any_media_path=allow_any_media_path, log=say,
+        allow_any_media_path=allow_any_media_path, log=log,
     )
     with lock_output(job.output):  # until published or failed; removes what killed runs left
         return _pack_locked(job, t0, say, bars)

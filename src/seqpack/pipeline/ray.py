@@ -199,7 +199,7 @@ def pack_dataset_ray(
         raise PackConfigError(f"planning={planning!r} is not a planning mode; choose one of: {', '.join(PLANNING_MODES)}")
     if int(packs_per_task) < 1:
         raise PackConfigError(f"packs_per_task must be >= 1, got {packs_per_task}")
-    job = PackJob.create(inputs, output, log=say, **settings)
+    job = PackJob.create(inputs, output, log=log, **settings)
     require_ray()
     from ray.data.expressions import col
 
