@@ -300,3 +300,11 @@ def test_files_the_user_names_are_checked_and_no_folder_is_made(packed_dir, tmp_
     res = _run("inspect", out, "--plot", tmp_path / "plot")
     assert res.exit_code == 0 and f"wrote {tmp_path / 'plot.png'}" in " ".join(res.output.split())
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "plot").exists()
+
+
+def test_an_error_before_any_bar_is_the_first_line_on_stderr(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n{bad\n')
+    r = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, ["pack", str(bad), "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"error: {bad}, line 2: malformed JSON"), repr(r.stderr[:80])

@@ -173,7 +173,7 @@ def pack(
                      "num_proc": num_proc, "media_dir": media_dir,
                      "allow_any_media_path": allow_any_media_path}
 
-    progress = None if quiet else Progress(
+    progress = None if quiet else _lazy_progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=_err, transient=False,
@@ -182,8 +182,6 @@ def pack(
     try:
         if dataset is not None:
             inputs = _select_datasets(inputs or [], dataset)
-        if progress is not None:
-            progress.start()
         try:
             res = pack_dataset(
                 inputs or None, output, tokenizer=tokenizer, seq_length=seq_length, algorithm=algorithm,
@@ -192,7 +190,7 @@ def pack(
                 overwrite=overwrite, progress=progress, **engine_kw,
             )
         finally:
-            if progress is not None:
+            if progress is not None and progress.live.is_started:  # (rich prints a blank line on every stop)
                 progress.stop()
             restore()
     except Terminated:
@@ -210,6 +208,20 @@ def pack(
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
     _print_entries(res.report.entries, res.output)
+
+
+def _lazy_progress(*columns, **kwargs):  # noqa: ANN002, ANN003 - rich.progress.Progress's arguments
+    """A rich ``Progress`` that starts with its first bar: a run that fails before any bar (a bad record,
+    a setting) prints its error without the empty line a started display leaves on a non-terminal."""
+    from rich.progress import Progress
+
+    class LazyProgress(Progress):
+        def add_task(self, *args, **kw):  # noqa: ANN002, ANN003 - rich's signature
+            if not self.live.is_started:
+                self.start()
+            return super().add_task(*args, **kw)
+
+    return LazyProgress(*columns, **kwargs)
 
 
 def _cli_text(exc: BaseException) -> str:
