@@ -124,7 +124,7 @@ def algorithms(
                                     "about 25 s on 2 cores."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for algorithms.json, algorithms_time.png and algorithms_bins.png "
-                                  "(created if missing; not empty)."),
+                                  "(created if missing; must not be blank)."),
     mixes: str = typer.Option("all", "--mixes",
                               help="Planner mixes judged after the tables, comma separated, 'all' or 'none': "
                                    + ", ".join(MIX_NAMES) + "."),
@@ -173,7 +173,7 @@ def prepare(
                                help="2,000 synthetic records (unless --records is given) plus the real files, "
                                     "1 repeat: about 25 s on 2 cores."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
-                             help="Folder for prepare.json and prepare_time.png (created if missing; not empty)."),
+                             help="Folder for prepare.json and prepare_time.png (created if missing; must not be blank)."),
 ) -> None:
     """`seqpack bench prepare` (help: ``_PREPARE_HELP``); runs :func:`seqpack_bench.prepare.run_prepare`."""
     if shared_data is not None:  # named explicitly: it must be there
@@ -206,7 +206,7 @@ def stream(
                                     "efficiency set, 2 repeats): about 10 s on 2 cores."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
                              help="Folder for stream.json, stream_efficiency.png and stream_throughput.png "
-                                  "(created if missing; not empty)."),
+                                  "(created if missing; must not be blank)."),
 ) -> None:
     """`seqpack bench stream` (help: ``_STREAM_HELP``); runs :func:`seqpack_bench.stream.run_stream`."""
     out_dir = _out_dir(out)
@@ -287,7 +287,7 @@ def memory(
     quick: bool = typer.Option(False, "--quick", help="A 1 MB record and 20,000 tiny records (replaces --large-mb "
                                                        "and --tiny): about 3 minutes on 2 cores."),
     out: str = typer.Option("bench_results", "--out", metavar="FOLDER",
-                             help="Folder for memory.json (created if missing; not empty)."),
+                             help="Folder for memory.json (created if missing; must not be blank)."),
 ) -> None:
     """`seqpack bench memory` (help: ``_MEMORY_HELP``); runs :func:`seqpack_bench.bench_memory.run_memory`."""
     sizes = list(_memory.QUICK["large_mb"]) if quick else _float_list(large_mb, "--large-mb")

@@ -78,7 +78,7 @@ def train(
                                      "shared CPU box (no OpenMP threads waiting on each other)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
     out: str = typer.Option("bench_results", "--out", help="Folder for train.json, train_loss.png and "
-                                                           "train_throughput.png (not empty; created and checked "
+                                                           "train_throughput.png (must not be blank; created and checked "
                                                            "before any work; each file written is printed)."),
 ) -> None:
     """Train one model per mode on the same samples; print loss agreement and speed-up vs padded.
