@@ -128,6 +128,19 @@ def test_an_edited_or_missing_report_fails_verify(packed, tmp_path):
         load_packed(ds, verify=True)
 
 
+def test_a_file_added_to_data_fails_verify(packed, tmp_path):
+    import shutil
+
+    ds = _copy(packed, tmp_path)
+    assert load_packed(ds, verify=True).metadata.shards[0].file == "data/shard-00000.parquet"
+    shutil.copy(ds / "data" / "shard-00000.parquet", ds / "data" / "shard-00099.parquet")
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(ds, verify=True)
+    assert str(ei.value) == (f"{ds}: data/shard-00099.parquet in data/ is not a shard metadata.json lists (added "
+                             "after packing). Remove it, or re-pack the data")
+    assert len(load_packed(ds)) == len(load_packed(packed))  # without verify the listed shards are served
+
+
 def test_a_dataset_without_the_digests_is_not_called_verified(packed, tmp_path):
     ds = _copy(packed, tmp_path)
     p = ds / "metadata.json"

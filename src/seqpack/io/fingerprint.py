@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping
 
-from seqpack.io.metadata import REPORT_FILE, PackedDatasetError, _json_default
+from seqpack.io.metadata import DATA_DIR, REPORT_FILE, PackedDatasetError, _json_default
 
 __all__ = ["FINGERPRINT_SETTINGS", "sha256_file", "describe_input", "compute_fingerprint", "fingerprint_settings",
            "recompute_fingerprint", "verify_fingerprint", "metadata_digest", "verify_metadata"]
@@ -156,7 +156,8 @@ def verify_metadata(p: Path, meta: Any) -> None:
     """Refuse a dataset folder ``p`` whose ``metadata.json`` (read as ``meta``) or ``report.jsonl`` was
     edited after packing: the settings against the fingerprint (:func:`verify_fingerprint`), every other
     key against ``metadata_sha256`` (:func:`metadata_digest`) and the report's bytes against
-    ``report_sha256``. The shards are checked by their own sha256 (``seqpack.io.cache.check_shard``).
+    ``report_sha256``; and a file in ``data/`` that is not a listed shard. The shards are checked by
+    their own sha256 (``seqpack.io.cache.check_shard``).
 
     Raises:
         PackedDatasetError: naming what differs and the fix (re-pack; or ``verify=False`` to read a
@@ -176,6 +177,14 @@ def verify_metadata(p: Path, meta: Any) -> None:
     _check_recorded(p, "report_sha256", meta.report_sha256, report_sha256,
                     f"{report} was edited after packing: the list of dropped/skipped/truncated records is not the "
                     "packer's")
+    listed = {Path(s.file).as_posix() for s in meta.shards}
+    data = p / DATA_DIR
+    extra = sorted(f"{DATA_DIR}/{f.name}" for f in (data.iterdir() if data.is_dir() else ())
+                   if f"{DATA_DIR}/{f.name}" not in listed)
+    if extra:  # a tool that reads every data/*.parquet would serve them
+        raise PackedDatasetError(
+            f"{p}: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} in {DATA_DIR}/ is not a shard "
+            "metadata.json lists (added after packing). Remove it, or re-pack the data")
 
 
 def _check_recorded(p: Path, key: str, stored: str | None, compute: Any, edited: str) -> None:
