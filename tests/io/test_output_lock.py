@@ -103,13 +103,23 @@ def test_leftovers_are_kept_while_another_run_holds_the_lock_and_removed_after_i
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # leftovers and lock file gone
 
 
-def test_the_lock_is_released_when_a_run_fails_and_reentrant_within_a_thread(tmp_path):
+def test_the_lock_is_released_when_a_run_fails_and_reentrant_within_a_thread(tmp_path, monkeypatch):
+    from seqpack.pipeline import stages
+
     out = tmp_path / "ds"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "q", "output": "a"}\n{"instruction": \n')
-    with pytest.raises(ValueError, match="bad.jsonl") as e:  # raised while the lock is held
+    held = []
+    real = stages.open_tokenizer
+
+    def spy(job):  # the first stage after the lock is taken
+        held.append(lock_path(out).exists())
+        return real(job)
+
+    monkeypatch.setattr(stages, "open_tokenizer", spy)
+    with pytest.raises(ValueError, match="bad.jsonl"):  # raised while the lock is held
         pack_dataset([str(bad)], str(out), **DEMO)
-    assert not isinstance(e.value, OutputBusyError)
+    assert held == [True]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
     with lock_output(out):
         with lock_output(out):  # pack_dataset holds it, its PackedWriter takes it again
@@ -158,3 +168,38 @@ def test_the_cli_exits_1_with_the_message_and_no_traceback(tmp_path):
     assert f"is being written by another seqpack run (pid {holder.pid}, started " in text
     assert "wait for it to finish or choose another --output" in text
     assert not out.exists()
+
+
+def test_a_writer_that_cannot_make_its_temp_folder_releases_the_lock(tmp_path, monkeypatch):
+    from seqpack.io import output_lock, writer
+
+    out = tmp_path / "ds"
+    (tmp_path / "a file").write_text("x")
+    monkeypatch.setattr(writer, "temp_name", lambda output, kind: tmp_path / "a file" / "tmp")
+    with pytest.raises(NotADirectoryError):
+        PackedWriter(out)
+    assert output_lock._held == {} and not lock_path(out).exists()
+
+
+def test_another_users_lock_file_is_locked_read_only(tmp_path, monkeypatch):
+    """In a shared folder the lock file may belong to another user (opening it read-write is refused): the
+    lock is taken on a read-only descriptor, the file is not rewritten, and a second holder is still refused."""
+    from seqpack.io import output_lock
+
+    out = tmp_path / "ds"
+    key = lock_path(out)
+    key.write_text(json.dumps({"pid": 1, "started": "earlier"}))
+    real_open = os.open
+
+    def refuse_write(path, flags, *a):
+        if str(path) == str(key) and flags & os.O_ACCMODE != os.O_RDONLY:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(output_lock.os, "open", refuse_write)
+    with lock_output(out):
+        assert json.loads(key.read_text()) == {"pid": 1, "started": "earlier"}
+        holder = subprocess.run([sys.executable, "-c", _HOLD, str(out)], input="", capture_output=True,
+                                text=True, timeout=120)
+        assert holder.returncode != 0 and "is being written by another seqpack run" in holder.stderr
+    assert output_lock._held == {}

@@ -21,8 +21,11 @@ Rules:
 - Within one thread the lock is re-entrant: ``pack_dataset`` holds it and its ``PackedWriter`` takes it
   again; the file is unlocked when the outermost holder releases it. Another thread of the same process
   is refused like another process.
-- Where ``fcntl`` is absent (Windows), or the file system refuses ``flock``, there is no lock: concurrent
-  runs for one output are not detected there, and the leftover cleanup relies on the pid check alone.
+- Where ``fcntl`` is absent (Windows), or the file system refuses ``flock``, there is no lock (and no lock
+  file is left): concurrent runs for one output are not detected there, and the leftover cleanup relies on
+  the pid check alone.
+- In a folder shared by several users, a lock file another user created is opened read-only (``flock``
+  needs no write access); its pid/start record is then the other user's last one.
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ def lock_output(output: str | os.PathLike) -> OutputLock:
     with _guard:
         entry = _held.get(key)
         if entry is not None and entry[2] != threading.get_ident():
-            raise _busy(output, os.getpid(), entry[3])
+            raise OutputBusyError(
+                f"output {output} is being written by another thread of this process (pid {os.getpid()}, "
+                f"started {entry[3]}); wait for it to finish or choose another --output", os.getpid(), entry[3])
         if entry is not None:
             entry[1] += 1
             return OutputLock(key)
@@ -116,7 +121,7 @@ def lock_output(output: str | os.PathLike) -> OutputLock:
         _held[key] = [fd, 1, threading.get_ident(), started]
     lock = OutputLock(key)
     try:
-        if fd is not None:
+        if fd is not None and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR:  # not read-only
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": started}).encode(), 0)
         remove_leftovers(output)
@@ -128,8 +133,15 @@ def lock_output(output: str | os.PathLike) -> OutputLock:
 
 def _open_locked(key: str, output: str | os.PathLike) -> int | None:
     """A descriptor of the lock file at ``key``, locked; None where the file system has no ``flock``."""
+    cloexec = getattr(os, "O_CLOEXEC", 0)
     while True:
-        fd = os.open(key, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fd = os.open(key, os.O_RDWR | os.O_CREAT | cloexec, 0o644)
+        except PermissionError:  # another user's lock file (a shared folder): flock works read-only too
+            try:
+                fd = os.open(key, os.O_RDONLY | cloexec)
+            except FileNotFoundError:  # deleted meanwhile: create it again
+                continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -139,6 +151,10 @@ def _open_locked(key: str, output: str | os.PathLike) -> int | None:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                try:  # no lock on this file system: leave no lock file behind either
+                    os.unlink(key)
+                except OSError:
+                    pass
                 return None
             raise
         try:

@@ -176,7 +176,8 @@ class PackedWriter:
         compression: Parquet codec (``"zstd"``, ``"snappy"``, ``"none"``...).
 
     Raises:
-        FileExistsError: see :func:`check_output_dir`.
+        FileExistsError, PermissionError: see :func:`check_output_dir`; ``OutputBusyError`` (a
+            FileExistsError): another run holds the output's lock.
     """
 
     def __init__(
@@ -198,7 +199,11 @@ class PackedWriter:
         self.compression = compression
         self._lock = lock_output(self.output)  # until published or aborted (makes the parent, removes leftovers)
         self.tmp = temp_name(self.output, "tmp")
-        (self.tmp / DATA_DIR).mkdir(parents=True)
+        try:
+            (self.tmp / DATA_DIR).mkdir(parents=True)
+        except BaseException:
+            self._lock.release()
+            raise
         self._buf: dict[str, list] = {c: [] for c in COLUMNS}  # rows of the row group being filled
         self._shard: pq.ParquetWriter | None = None  # the open shard (rows written as row groups)
         self._shard_rows = 0
