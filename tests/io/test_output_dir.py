@@ -320,7 +320,7 @@ def test_overwriting_a_dataset_this_user_cannot_delete_is_refused_before_reading
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     data = out / "data"
     if os.geteuid() != 0:
-        data.chmod(0o500)  # another user's dataset: its files cannot be unlinked by us
+        data.chmod(0o500)  # as for another user's dataset: its files cannot be unlinked by us
     else:  # root may delete anything: make the check see what a non-owner sees
         real = output_dir.os.access
         monkeypatch.setattr(output_dir.os, "access", lambda p, mode: False if Path(p) == data else real(p, mode))
@@ -329,8 +329,13 @@ def test_overwriting_a_dataset_this_user_cannot_delete_is_refused_before_reading
             pack_dataset([str(tmp_path / "not read.jsonl")], str(out), overwrite=True, progress=None, **DEMO)
         assert str(ei.value) == (
             f"output {out} holds a packed dataset this user cannot delete ({data} is not writable, owner uid "
-            f"{data.stat().st_uid}); --overwrite would leave its files behind. Ask its owner to remove it, or "
-            "choose another --output")
+            f"{data.stat().st_uid}); --overwrite would leave its files behind. Fix: make it writable (chmod -R u+w "
+            f"{out}), or choose another --output")  # our own folder; another user's: "ask its owner to remove it"
+        owner = data.stat().st_uid
+        with monkeypatch.context() as m:  # as seen by another user
+            m.setattr(output_dir.os, "getuid", lambda: owner + 1)
+            with pytest.raises(PermissionError, match=r"Fix: ask its owner to remove it, or choose another --output$"):
+                check_output_dir(out, overwrite=True)
     finally:
         data.chmod(0o700)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

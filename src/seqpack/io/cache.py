@@ -36,12 +36,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.io.fingerprint import sha256_file
-from seqpack.io.metadata import PackedDatasetError
+from seqpack.io.metadata import CACHE_DIR, PackedDatasetError
 
 __all__ = ["CACHE_DIR", "ShardIdentity", "ShardCache", "check_shard", "open_shard", "private_cache_root", "read_shard"]
 
-#: The Arrow cache folder inside a dataset.
-CACHE_DIR = ".cache"
 _SOURCE_KEY = b"seqpack.source"
 _REQUIRED = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _CACHE_ERRORS = (pa.ArrowException, OSError, KeyError, ValueError, TypeError, IndexError)

@@ -16,6 +16,7 @@ from typing import Any
 from seqpack.padding import compute_pad_multiple
 
 __all__ = [
+    "CACHE_DIR",
     "SHARD_FILE",
     "check_metadata",
     "FORMAT_VERSION",
@@ -34,6 +35,7 @@ METADATA_FILE = "metadata.json"
 REPORT_FILE = "report.jsonl"
 REPORT_PNG = "report.png"  # written by ``seqpack inspect`` (seqpack.io.summary.plot_report)
 DATA_DIR = "data"
+CACHE_DIR = ".cache"  # the reader's Arrow cache inside a dataset (seqpack.io.cache)
 
 
 class PackedDatasetError(ValueError):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from seqpack.io.metadata import (
+    CACHE_DIR,
     DATA_DIR,
     METADATA_FILE,
     REPORT_FILE,
@@ -55,7 +56,7 @@ __all__ = [
 
 #: What seqpack writes at the top of a dataset folder (``report.png``: ``seqpack inspect``'s plot;
 #: ``.cache``: the reader's Arrow cache).
-SEQPACK_ENTRIES = (METADATA_FILE, REPORT_FILE, REPORT_PNG, DATA_DIR, ".cache")
+SEQPACK_ENTRIES = (METADATA_FILE, REPORT_FILE, REPORT_PNG, DATA_DIR, CACHE_DIR)
 
 #: A shard as the writer names it (``data/shard-00000.parquet``).
 _OWN_SHARD = re.compile(r"shard-\d{5,}\.parquet")
@@ -113,7 +114,7 @@ def stranger_entries(output: str | os.PathLike) -> list[str]:
         kind = "/" if p.is_dir() and not p.is_symlink() else ""
         if p.name not in SEQPACK_ENTRIES or p.is_symlink():
             found.append(p.name + kind + (" (a link)" if p.is_symlink() else ""))
-        elif p.name in (DATA_DIR, ".cache"):
+        elif p.name in (DATA_DIR, CACHE_DIR):
             if not p.is_dir():
                 found.append(p.name)
                 continue
@@ -272,12 +273,14 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
                 "replaces only seqpack's own files and never deletes yours. Move them out of the folder, or "
                 "choose another --output"
             )
-        locked = [d for d in (out, out / DATA_DIR, out / ".cache") if d.is_dir() and not os.access(d, os.W_OK | os.X_OK)]
+        locked = [d for d in (out, out / DATA_DIR, out / CACHE_DIR) if d.is_dir() and not os.access(d, os.W_OK | os.X_OK)]
         if locked:
+            uid = locked[0].stat().st_uid
+            fix = (f"make it writable (chmod -R u+w {out})" if hasattr(os, "getuid") and uid == os.getuid()
+                   else "ask its owner to remove it")
             raise PermissionError(
                 f"output {out} holds a packed dataset this user cannot delete ({locked[0]} is not writable, owner "
-                f"uid {locked[0].stat().st_uid}); --overwrite would leave its files behind. Ask its owner to "
-                "remove it, or choose another --output")
+                f"uid {uid}); --overwrite would leave its files behind. Fix: {fix}, or choose another --output")
         return out
     raise FileExistsError(
         f"output {out} is a non-empty directory that is not a seqpack packed dataset (no "
