@@ -137,7 +137,7 @@ def pack(
     my.yaml`); it is checked like `seqpack validate` before any data is read, and flags given on the
     command line override its values.
     """
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+    from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
     from seqpack.pipeline import cli_message, get_engine  # defers pyarrow (io writer) until the command runs
@@ -338,12 +338,11 @@ def inspect(
         if not no_plot:
             try:
                 png = plot_report(ds, plot)
-            except PermissionError as exc:
-                _fail(f"cannot write the plot {exc.filename or plot}: no permission (a read-only dataset?); pass "
+            except OSError as exc:  # a read-only dataset, a file system refusing new files (/proc), a full disk
+                why = "no permission (a read-only dataset?)" if isinstance(exc, PermissionError) else (
+                    exc.strerror or str(exc))
+                _fail(f"cannot write the plot {exc.filename or plot or Path(path) / 'report.png'}: {why}; pass "
                       "--plot PATH to write it elsewhere, or --no-plot", 1)
-            except OSError as exc:  # e.g. a file system that refuses new files (/proc), a full disk
-                _fail(f"cannot write the plot {exc.filename or plot}: {exc.strerror or exc}; pass --plot PATH "
-                      "to write it elsewhere, or --no-plot", 1)
             _out.print(f"wrote {png}")
     except Exception as exc:  # noqa: BLE001
         code = _user_error_code(exc)

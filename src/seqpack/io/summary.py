@@ -34,8 +34,8 @@ def plot_path(out_path: str | os.PathLike) -> Path:
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
-    out = check_output_file(out_path, "plot", REPORT_PNG)
-    out = out if out.suffix else out.with_name(out.name + ".png")
+    out = Path(out_path).expanduser()
+    out = check_output_file(out if out.suffix or out.is_dir() else out.with_name(out.name + ".png"), "plot", REPORT_PNG)
     kinds = FigureCanvasBase.get_supported_filetypes()
     if out.suffix[1:].lower() not in kinds:
         raise ValueError(f"cannot write the plot {out}: {out.suffix!r} is not an image format matplotlib "
