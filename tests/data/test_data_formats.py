@@ -478,10 +478,13 @@ def test_type_errors_use_json_words():
     ({"conversations": None, "id": 1}, "bad_content_type",
      "'conversations' is JSON null, expected a list of messages (sharegpt format)."),
     ({"instruction": "a", "output": None}, "missing_key",
-     "'output' is JSON null; an alpaca record needs both 'instruction' and 'output'."),
-    ({"instruction": "a"}, "missing_key", "'output' is missing; an alpaca record needs both 'instruction' and 'output'."),
+     "'output' is JSON null; an alpaca record needs both 'instruction' and 'output' (record keys: "
+     "['instruction', 'output'])."),
+    ({"instruction": "a", "context": "", "response": "b"}, "missing_key",
+     "'output' is missing; an alpaca record needs both 'instruction' and 'output' (record keys: "
+     "['context', 'instruction', 'response']). Fix: rename the column holding the output text to 'output'"),
     ({"output": "b", "input": ""}, "missing_key",
-     "'instruction' is missing; an alpaca record needs both 'instruction' and 'output'."),
+     "'instruction' is missing; an alpaca record needs both 'instruction' and 'output'"),
     ({"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]}, "unknown_role",
      "messages[0] has no 'role'."),
     ({"conversations": [{"value": "q"}, {"from": "gpt", "value": "a"}]}, "unknown_role",

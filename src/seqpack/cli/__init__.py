@@ -76,4 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     C library's allocator unless ``ARROW_DEFAULT_MEMORY_POOL`` is set (:func:`prefer_system_allocator`:
     a lower peak memory when writing packs)."""
     prefer_system_allocator()
+    _warnings_on_stderr()
     app(args=argv)
+
+
+def _warnings_on_stderr() -> None:
+    """seqpack's own WARNING log records (e.g. an input file listed twice) as ``warning: <message>`` lines
+    on stderr, shown with ``--quiet`` too."""
+    log = logging.getLogger("seqpack")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        log.addHandler(handler)

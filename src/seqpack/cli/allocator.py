@@ -18,7 +18,7 @@ from typing import MutableMapping
 
 __all__ = ["ARROW_POOL_ENV", "prefer_system_allocator"]
 
-#: the environment variable Arrow reads (once, at its first allocation) to pick its default memory pool
+#: the environment variable Arrow reads (once, when pyarrow is first imported) to pick its default memory pool
 ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 

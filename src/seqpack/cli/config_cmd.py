@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.table import Table
 
-from seqpack.cli.app import app, fail, load_config, print_violations, require_path_kind
+from seqpack.cli.app import app, err_console, fail, load_config, print_violations, require_path_kind
 from seqpack.config import (
     ConfigValidationError,
     get_family,
@@ -42,8 +42,8 @@ def validate_cmd(
 ) -> None:
     """Check a packing config against every setup-time rule; exit 0 when valid, 1 otherwise.
 
-    A valid config prints one OK line on stdout; problems are printed as a table on stderr (--format
-    json prints the verdict on stdout either way).
+    A valid config prints one OK line on stdout; problems go to stderr, as a table on a terminal of 120
+    columns or more, else as a numbered list (--format json prints the verdict on stdout either way).
 
     CONFIG may also be a recipe name (see `seqpack recipe`). With PACKED_DIR, or packed_dataset_path
     set in the config, the stored dataset's metadata is compared with the config too: capacity,
@@ -94,9 +94,8 @@ def validate_cmd(
         _print_notes(console, notes)
         raise typer.Exit(0)
 
-    problems = Console(stderr=True, highlight=False)  # the problems are errors: stderr, the terminal's width
-    print_violations(problems, violations, source)
-    _print_notes(problems, notes)
+    print_violations(err_console, violations, source)  # the problems are errors: stderr, the terminal's width
+    _print_notes(err_console, notes)
     raise typer.Exit(1)
 
 

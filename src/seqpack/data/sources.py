@@ -125,13 +125,12 @@ def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> 
         if isinstance(it, Path):
             real = os.path.realpath(it)
             if real in seen:
+                msg = (f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])} (listed twice, e.g. by a "
+                       "path and an overlapping glob): read once, so each record is packed once")
                 if log is not None:
-                    log(f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])}; read once")
+                    log(msg)
                 else:
-                    logger.warning(
-                        "warning: input %s is the same file as %s (listed twice, e.g. by a path and an "
-                        "overlapping glob): read once, so each record is packed once", it, seen[real]
-                    )
+                    logger.warning("%s", msg)
                 continue
             seen[real] = it
         out.append(it)

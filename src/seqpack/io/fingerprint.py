@@ -183,8 +183,9 @@ def verify_metadata(p: Path, meta: Any) -> None:
                    if f"{DATA_DIR}/{f.name}" not in listed)
     if extra:  # a tool that reads every data/*.parquet would serve them
         raise PackedDatasetError(
-            f"{p}: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} in {DATA_DIR}/ is not a shard "
-            "metadata.json lists (added after packing). Remove it, or re-pack the data")
+            f"{p}: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''} in {DATA_DIR}/ "
+            + ("is not a shard metadata.json lists" if len(extra) == 1 else "are not shards metadata.json lists")
+            + " (added after packing). Remove " + ("it" if len(extra) == 1 else "them") + ", or re-pack the data")
 
 
 def _check_recorded(p: Path, key: str, stored: str | None, compute: Any, edited: str) -> None:

@@ -112,7 +112,8 @@ def pack_dataset(
     ``seqpack`` command does: :mod:`seqpack.cli.allocator`); the bytes written are the same.
 
     Repeated inputs: the same file given twice, or a glob overlapping an explicit path, is read ONCE
-    (files compared by real path; a log line names each repeat), so no record is packed twice.
+    (files compared by real path; each repeat is named through ``log``, or without it as a WARNING on the
+    ``seqpack.data.sources`` logger), so no record is packed twice.
 
     Args:
         inputs: path(s)/glob(s) of JSON/JSONL/Parquet files or ``datasets.Dataset`` objects; ``None``
@@ -156,7 +157,10 @@ def pack_dataset(
             multiple (case B23: capacity 150 with CP=2) or above the planner's capacity limit; checked
             before any data is read.
         NothingToPackError: every record was dropped or skipped (nothing is written).
-        FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work).
+        FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work);
+            ``seqpack.io.OutputBusyError`` (a FileExistsError): another run is writing ``output``.
+        PermissionError: the output's parent is not writable, or ``overwrite`` would replace a dataset
+            this user cannot delete (checked before any work).
         FileNotFoundError / seqpack.data errors: bad inputs (name the file, record and fix); a missing
             or unreadable image raises ``ValueError`` naming the sample and path (``on_error="skip"``
             lists it in the report as ``skipped``/``bad_media``; an image above PIL's pixel limit as

@@ -183,7 +183,8 @@ def pack_dataset_ray(
         ImportError: Ray is not installed (says ``pip install "seqpack[ray]"``).
         PackConfigError: invalid settings or policies (as the local engine), or an unknown ``planning``.
         NothingToPackError: every record was dropped or skipped (nothing is written).
-        FileExistsError: ``output`` exists and ``overwrite`` is False (checked before starting Ray).
+        FileExistsError: ``output`` exists and ``overwrite`` is False, or another run is writing it
+            (``seqpack.io.OutputBusyError``); checked before starting Ray.
         DataFormatError / OverlengthError / FileNotFoundError: bad inputs, re-raised from the worker with
             the local engine's message (file, record, fix).
     """

@@ -310,10 +310,13 @@ def _nothing_left_fixes(job: PackJob, by_reason: dict[str, dict[str, int]]) -> l
     reasons = {r for per in by_reason.values() for r in per}
     fixes = [f"check format={job.format or 'auto'!r} against the records' keys"] if reasons & {
         "unknown_format", "missing_key"} else []
-    if reasons & {"overlength", "overlength_media"}:
+    dropped = set(by_reason.get("dropped", {}))
+    if dropped & {"overlength", "overlength_media"}:
         fixes.append(f"for overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}")
-    if reasons & {"no_trainable_tokens", "empty_sample"}:
+    if "no_trainable_tokens" in dropped:
         fixes.append(f"no token left to train on: check train_on={job.train_on!r} and the assistant turns")
+    if "empty_sample" in dropped:
+        fixes.append("records that render to no tokens: check their content and the chat template")
     if "skipped" in by_reason:
         fixes.append("fix the skipped records (each is named when packing with on_error='raise')")
     return fixes or ["read each record's reason in the report"]

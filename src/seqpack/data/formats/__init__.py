@@ -149,9 +149,10 @@ def _near_miss(rec: dict, ctx: _Ctx) -> None:
     if len(has) == 1:
         other = "output" if has == ["instruction"] else "instruction"
         state = "JSON null" if other in rec else "missing"
-        raise ctx.err(f"'{other}' is {state}; an alpaca record needs both 'instruction' and 'output'.",
-                      "missing_key", f"give the record its '{other}' text, or remove the record; on_error='skip' "
-                      "skips and reports it.")
+        raise ctx.err(f"'{other}' is {state}; an alpaca record needs both 'instruction' and 'output' (record keys: "
+                      f"{sorted(rec)[:12]}).", "missing_key", f"rename the column holding the {other} text to "
+                      f"'{other}' (e.g. Dolly's 'response' is 'output'), give the record its '{other}', or remove "
+                      "it; on_error='skip' skips and reports it.")
 
 
 def _check_forced_keys(rec: dict, fmt: str, detected: str | None, ctx: _Ctx) -> None:
