@@ -125,6 +125,10 @@ def test_a_bad_plot_path_fails_before_any_shard_is_read(packed, tmp_path, monkey
     a_file.write_text("{}\n")
     assert _error(_run("inspect", packed, "--plot", a_file / "r.png"), 1) == (
         f"error: cannot write the plot {a_file / 'r.png'}: {a_file} is a file, not a folder; choose another path")
+    new_folder = f"{tmp_path / 'newdir'}/"  # a trailing slash names a folder, even one that does not exist
+    assert _error(_run("inspect", packed, "--plot", new_folder), 1) == (
+        f"error: plot {new_folder} is a folder, not a file; give a file name, e.g. {tmp_path / 'newdir' / 'report.png'}")
+    assert not (tmp_path / "newdir.png").exists() and not (tmp_path / "newdir").exists()
     msg = _error(_run("inspect", packed, "--plot", tmp_path / "plot.jsonl"), 1)
     assert msg.startswith(f"error: cannot write the plot {tmp_path / 'plot.jsonl'}: '.jsonl' is not an image "
                           "format matplotlib writes; use .png (or one of ") and ".svg" in msg

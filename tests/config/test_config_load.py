@@ -165,8 +165,10 @@ def test_python_construction_and_assignment_are_type_checked():
 
 @pytest.mark.parametrize("name, text, match", [
     ("c.toml", "x = 1", "unsupported config file type"),
-    ("bad.yaml", "seq_length: [1,\n", "not valid YAML"),
-    ("bad.json", "{", "not valid JSON"),
+    ("bad.yaml", "seq_length: [1,\n", r"not valid YAML at line 2, column 1: expected the node content, but found "
+                                       r"'<stream end>' \(while parsing a flow node\)"),
+    ("indent.yaml", "seq_length: 4096\n  x: 1\n", "not valid YAML at line 2, column 4: mapping values are not allowed here"),
+    ("bad.json", '{"a": 1,\n "b": }', "not valid JSON at line 2, column 7: Expecting value"),
     ("list.yaml", "- 1\n- 2\n", "expected a mapping"),
 ])
 def test_file_errors(tmp_path, name, text, match):

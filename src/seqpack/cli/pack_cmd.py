@@ -308,7 +308,8 @@ def _print_entries(entries, output: Path, limit: int = 5) -> None:
 @app.command("inspect")
 def inspect(
     path: Path = typer.Argument(..., help="Packed dataset directory."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Where to write the PNG (default DIR/report.png)."),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="PATH",  # str: keeps a trailing "/" (a folder)
+                                       help="Where to write the PNG (default DIR/report.png)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
     as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
     verify: bool = typer.Option(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-__all__ = ["CASES", "ConfigValidationError", "Violation", "case_label"]
+__all__ = ["CASES", "ConfigValidationError", "Violation", "case_label", "parse_problem"]
 
 #: The public failure cases the setup-time rules prevent, one line each (the full glossary, with the
 #: public reports behind each code, is ``docs/cases.md``).
@@ -77,3 +77,16 @@ class ConfigValidationError(ValueError):
     def rules(self) -> list[str]:
         """The rule ids, in report order (handy in tests)."""
         return [v.rule for v in self.violations]
+
+
+def parse_problem(e: Exception) -> str:
+    """``" at line L, column C: problem (context)"`` of a YAML (``MarkedYAMLError``) or JSON parse error, 1-based
+    as an editor shows them; the parser's own text (``": ..."``) for other errors."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:  # PyYAML: problem / context texts and a 0-based mark
+        what = getattr(e, "problem", None) or str(e)
+        context = getattr(e, "context", None)
+        return f" at line {mark.line + 1}, column {mark.column + 1}: {what}" + (f" ({context})" if context else "")
+    if hasattr(e, "lineno") and hasattr(e, "colno") and hasattr(e, "msg"):  # json.JSONDecodeError
+        return f" at line {e.lineno}, column {e.colno}: {e.msg}"
+    return f": {e}"

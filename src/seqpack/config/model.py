@@ -21,7 +21,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 from seqpack.algorithms import resolve_algorithm
-from seqpack.config.errors import ConfigValidationError, Violation
+from seqpack.config.errors import ConfigValidationError, Violation, parse_problem
 from seqpack.config.options import (
     ALGORITHM_VALUES,
     DEFAULT_ALGORITHM_VALUE,
@@ -390,6 +390,8 @@ def _parse_file(p: Path, loads: Any, error: type[Exception], kind: str) -> Any:
         return loads(p.read_text(encoding="utf-8"))
     except error as e:
         raise ConfigValidationError(
-            [Violation("parse", ("<file>",), f"not valid {kind}: {e}", f"fix the {kind} syntax at the line shown")],
+            [Violation("parse", ("<file>",), f"not valid {kind}{parse_problem(e)}",
+                       f"fix the {kind} syntax at the line shown")],
             source=str(p),
         ) from None
+

@@ -214,15 +214,15 @@ def check_output_file(path: str | os.PathLike, what: str, example: str = "out") 
     ``example`` is the file name the message suggests inside a folder given instead.
 
     Raises:
-        IsADirectoryError: ``path`` is an existing folder (the message asks for a file name in it,
-            e.g. ``<path>/<example>``).
+        IsADirectoryError: ``path`` is an existing folder or ends with ``/`` (the message asks for a file name
+            in it, e.g. ``<path>/<example>``).
         NotADirectoryError: its parent is a file.
         FileNotFoundError: its folder does not exist (never created: a typo must not make folders).
         PermissionError: the file (when it exists) or its folder is not writable by this user.
     """
     p = Path(path).expanduser()
-    if p.is_dir():
-        raise IsADirectoryError(f"{what} {p} is a folder, not a file; give a file name, e.g. {p / example}")
+    if p.is_dir() or os.fspath(path).endswith(("/", os.sep)):  # "new/" names a folder even before it exists
+        raise IsADirectoryError(f"{what} {os.fspath(path)} is a folder, not a file; give a file name, e.g. {p / example}")
     if not p.parent.is_dir():
         is_file = p.parent.exists()
         raise (NotADirectoryError if is_file else FileNotFoundError)(

@@ -35,6 +35,8 @@ def plot_path(out_path: str | os.PathLike) -> Path:
     from matplotlib.backend_bases import FigureCanvasBase
 
     out = Path(out_path).expanduser()
+    if os.fspath(out_path).endswith(("/", os.sep)):  # a folder: refused, not turned into "<folder>.png"
+        check_output_file(out_path, "plot", REPORT_PNG)
     out = check_output_file(out if out.suffix or out.is_dir() else out.with_name(out.name + ".png"), "plot", REPORT_PNG)
     kinds = FigureCanvasBase.get_supported_filetypes()
     if out.suffix[1:].lower() not in kinds:
