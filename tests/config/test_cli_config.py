@@ -121,6 +121,20 @@ def test_families_command():
     assert r.exit_code == 1 and "unknown model family" in r.output
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_listings_keep_to_the_terminal_width_and_cut_no_name(columns):
+    from seqpack.config import list_families, list_recipes
+
+    narrow = CliRunner(env={"COLUMNS": str(columns), "NO_COLOR": "1"})
+    for command, names in (("recipe", list_recipes()), ("families", [f.key for f in list_families()])):
+        r = narrow.invoke(app, [command])
+        assert r.exit_code == 0
+        assert max(len(line) for line in r.output.splitlines()) <= columns, command
+        assert "…" not in r.output, command  # a cell is wrapped, never cut
+        first_cells = [line.split("│")[1].strip() for line in r.output.splitlines() if line.startswith("│")]
+        assert set(names) <= set(first_cells), command
+
+
 def test_B23_readme_flow_pack_then_validate_recipe_with_packed_dir(tmp_path):
     """README: `seqpack pack --tokenizer qwen3 ...` then `seqpack validate <qwen3 recipe> packed/`.
     Same tokenizer (named 'qwen3' at pack time), CLI default algorithm vs the recipe's: valid, with notes."""

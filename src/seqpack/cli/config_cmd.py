@@ -23,8 +23,8 @@ from seqpack.config import (
 
 
 def _console() -> Console:
-    # Wide enough that key names never wrap mid-word in CI logs; soft_wrap off keeps tables intact.
-    return Console(width=max(120, Console().width), highlight=False)
+    # the terminal's width (COLUMNS, else 80 when piped): tables wrap their cells at word boundaries
+    return Console(highlight=False)
 
 
 @app.command("validate")
@@ -143,7 +143,7 @@ def families_cmd(
     if name is None:
         table = Table(title="seqpack model families (seqpack families NAME shows opt-outs and sources)")
         for col in ("family", "modality", "positions", "packing modes", "attention kinds", "MoE", "MTP"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "family", overflow="fold")  # fold: never cut a name to "…"
         for f in list_families():
             table.add_row(f.key, f.modality, f.position_type, ", ".join(f.packing_modes),
                           ", ".join(f.attention_kinds), "yes" if f.moe else "", "yes" if f.mtp else "")
