@@ -123,8 +123,9 @@ def _too_large(name: str, detail: str) -> ImageError:
         f"image {name} is too large to decode safely ({detail}); seqpack refuses images over "
         f"PIL.Image.MAX_IMAGE_PIXELS = {Image.MAX_IMAGE_PIXELS} pixels, a decompression bomb guard. Fix: resize "
         "the image, remove the record "
-        "(on_error='skip' skips and reports it), or raise PIL.Image.MAX_IMAGE_PIXELS if you "
-        "trust the file", reason="image_too_large")
+        "(on_error='skip' skips and reports it), or, if you trust the file, raise the limit from Python "
+        "(`PIL.Image.MAX_IMAGE_PIXELS = N` before calling seqpack.pack_dataset; the CLI has no option for it)",
+        reason="image_too_large")
 
 
 def _check_pixels(img: Any, name: str) -> None:
