@@ -20,7 +20,7 @@ HEAVY = {"torch", "transformers", "pyarrow", "datasets", "ray", "matplotlib", "t
 
 #: seqpack's floors, bottom (0) to top (10): docs/architecture.md.
 FLOORS = {
-    "sample": 0, "accounting": 0, "padding": 0, "algorithms": 1, "packed": 2, "data": 3, "io": 4, "pipeline": 5,
+    "sample": 0, "accounting": 0, "padding": 0, "_torch": 0, "algorithms": 1, "packed": 2, "data": 3, "io": 4, "pipeline": 5,
     "stream": 6, "adapters": 7, "collate": 8, "hf": 8, "loss": 8, "moe": 8, "mtp": 8, "parallel": 8, "interop": 8,
     "config": 9, "cli": 10, "__main__": 10,
 }

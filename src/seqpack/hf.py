@@ -33,7 +33,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.hf (packed_forward and the HF model helpers)"):
+    import torch
 
 from seqpack.adapters import to_hf_inputs
 from seqpack.adapters.architecture import PackingUnsupportedError, check_packed_support

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-import torch.nn.functional as F
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.loss (the packed cross entropy)"):
+    import torch
+    import torch.nn.functional as F
 
 from seqpack.sample import IGNORE_INDEX
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.moe (MoE router statistics)"):
+    import torch
 
 from seqpack.adapters.architecture import PackingUnsupportedError, mark_router_prepared
 

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from seqpack._torch import torch_hint
 from seqpack.packed.boundaries import segment_fields, trim_cu_seqlens
 from seqpack.sample import IGNORE_INDEX, TOKEN_DTYPES, TOKEN_FIELDS
 
@@ -49,7 +50,8 @@ def as_batch(packed: Any) -> dict[str, Any]:
         KeyError: when the boundary arrays are missing (lengths are never inferred from tokens).
         ValueError: when a per-token field is not one row (``[T]`` or ``[1, T]``).
     """
-    import torch
+    with torch_hint("seqpack.adapters.batch.as_batch()"):
+        import torch
 
     if isinstance(packed, Mapping):
         src = dict(packed)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from seqpack._torch import torch_hint
 from seqpack.packed.masks import ATTN_IMPLEMENTATIONS, attention_inputs
 from seqpack.packed.mrope import mrope_from_image_tokens, mrope_model_config
 from seqpack.sample import unshift_labels
@@ -146,7 +147,8 @@ def to_hf_inputs(batch: Mapping[str, Any], attn_implementation: str | None = Non
             seqpack cannot mask exactly (:func:`model_attention_inputs`); a batch with ``image_grid_thw``
             but neither ``mrope_position_ids`` nor ``image_token_id``/``spatial_merge_size`` to compute them.
     """
-    import torch
+    with torch_hint("seqpack.adapters.hf_forward.to_hf_inputs()"):
+        import torch
 
     resolve_attn_implementation(config, attn_implementation, what="to_hf_inputs")
     b = as_batch(batch)
@@ -175,7 +177,8 @@ def _batch_mrope(batch: Mapping[str, Any], b: Mapping[str, Any], image_token_id,
     """M-RoPE table int64 ``[3, T]`` of a one-row batch, or None for a text row. With the model's ``config``,
     an image row for a model that does not take these tables is refused
     (:func:`seqpack.packed.mrope.mrope_model_config`, which also supplies the image token id and merge size)."""
-    import torch
+    with torch_hint("seqpack.adapters.hf_forward"):
+        import torch
 
     m = batch.get("mrope_position_ids")
     grid = batch.get("image_grid_thw")

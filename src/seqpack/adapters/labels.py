@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from seqpack._torch import torch_hint
 from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
 
 from .batch import as_batch
@@ -31,7 +32,8 @@ def hf_unshifted_labels(labels, cu_seqlens_padded):
             with no padding slot after it, case B12): HF's unshifted form cannot hold it. Use the
             shifted labels with ``seqpack.loss`` or the ``shift_labels`` key of ``format="hf"``.
     """
-    import torch
+    with torch_hint("seqpack.adapters.labels.hf_unshifted_labels()"):
+        import torch
 
     return unshift_labels(torch.as_tensor(labels), cu_seqlens_padded)
 
@@ -48,7 +50,8 @@ def shifted_from_hf_labels(hf_labels, cu_seqlens_padded):
     Returns:
         int64 tensor of the same shape.
     """
-    import torch
+    with torch_hint("seqpack.adapters.labels.shifted_from_hf_labels()"):
+        import torch
 
     return shift_unshifted_labels(torch.as_tensor(hf_labels), cu_seqlens_padded)
 
@@ -72,7 +75,8 @@ def from_hf_flattening(batch: Mapping[str, Any], *, position_ids_start: int = 0)
         KeyError: when no boundary source is present.
         ValueError: when the input is not one row.
     """
-    import torch
+    with torch_hint("seqpack.adapters.labels.from_hf_flattening()"):
+        import torch
 
     ids = torch.as_tensor(batch["input_ids"])
     if ids.dim() == 2 and ids.shape[0] != 1 or ids.dim() > 2:

@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from seqpack._torch import torch_hint
 from seqpack.packed.boundaries import segment_fields, trim_cu_seqlens
 
 from .batch import as_batch
@@ -77,7 +78,8 @@ def packed_seq_params(cu_seqlens, cu_seqlens_padded, max_seqlen: int | None = No
         dict (or dataclass) with the fields listed in :class:`PackedSeqParamsLike`: boundary arrays int32
         torch ``[N+1]``, ``seq_idx`` int32 ``[1, T]``, ints for ``max_seqlen_q/kv`` and ``total_tokens``.
     """
-    import torch
+    with torch_hint("seqpack.adapters.megatron.packed_seq_params()"):
+        import torch
 
     cu = torch.as_tensor(cu_seqlens).reshape(-1).to(torch.int32)
     cup = torch.as_tensor(cu_seqlens_padded).reshape(-1).to(torch.int32)
@@ -126,7 +128,8 @@ def to_megatron(batch: Any, *, as_dataclass: bool = False) -> dict[str, Any]:
     Raises:
         KeyError: when the boundary metadata is missing (message names the fix).
     """
-    import torch
+    with torch_hint("seqpack.adapters.megatron.to_megatron()"):
+        import torch
 
     if isinstance(batch, dict):
         missing = [k for k in ("cu_seqlens", "cu_seqlens_padded") if batch.get(k) is None]

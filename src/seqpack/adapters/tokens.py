@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from seqpack._torch import torch_hint
+
 __all__ = ["real_token_indices", "segments_from_doc_ids", "gather_real", "scatter_real"]
 
 
@@ -15,7 +17,8 @@ def real_token_indices(padding_mask):
     Returns:
         int64 ``[R]``.
     """
-    import torch
+    with torch_hint("seqpack.adapters.tokens.real_token_indices()"):
+        import torch
 
     pad = torch.as_tensor(padding_mask).reshape(-1).to(torch.bool)
     return torch.nonzero(~pad).reshape(-1)
@@ -34,7 +37,8 @@ def segments_from_doc_ids(doc_ids, pad_id: int = 0):
     Returns:
         ``(indices int64 [R], lengths int64 [N])``.
     """
-    import torch
+    with torch_hint("seqpack.adapters.tokens.segments_from_doc_ids()"):
+        import torch
 
     d = torch.as_tensor(doc_ids).reshape(-1)
     idx = torch.nonzero(d != pad_id).reshape(-1)
@@ -51,7 +55,8 @@ def gather_real(x, padding_mask):
     Returns:
         ``[R, ...]`` (a copy).
     """
-    import torch
+    with torch_hint("seqpack.adapters.tokens.gather_real()"):
+        import torch
 
     x = torch.as_tensor(x)
     if x.dim() >= 2 and x.shape[0] == 1 and x.shape[1] == torch.as_tensor(padding_mask).numel():
@@ -65,7 +70,8 @@ def scatter_real(values, padding_mask, fill=0):
     Raises:
         ValueError: if ``R`` differs from the number of real slots.
     """
-    import torch
+    with torch_hint("seqpack.adapters.tokens.scatter_real()"):
+        import torch
 
     values = torch.as_tensor(values)
     idx = real_token_indices(padding_mask).to(values.device)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.collate (the collators and PackedRowsDataset)"):
+    import torch
 
 __all__ = ["PackedRowsDataset"]
 

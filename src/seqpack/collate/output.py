@@ -12,7 +12,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import numpy as np
-import torch
+
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.collate (the collators and PackedRowsDataset)"):
+    import torch
 
 from seqpack.adapters import MEDIA_KEYS, as_batch, to_hf_inputs, to_megatron
 from seqpack.adapters.attention_pattern import attention_pattern

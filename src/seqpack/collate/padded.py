@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-import torch
+
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.collate (the collators and PackedRowsDataset)"):
+    import torch
 
 from seqpack.collate.output import check_label_convention, feature_sample
 from seqpack.padding import round_up

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._torch import torch_hint
 from seqpack.data.tokenizer import TokenizerError, load_tokenizer
 from seqpack.packed import PackedSequence, real_boundaries, segment_fields
 from seqpack.sample import IGNORE_INDEX, shift_unshifted_labels, unshift_labels
@@ -64,7 +65,8 @@ def to_torchtune(pack: Any, *, final_target: str = "error", as_torch: bool = Fal
         "seq_lens": np.diff(cup).astype(np.int64),
     }
     if as_torch:
-        import torch
+        with torch_hint("seqpack.interop.torchtune.to_torchtune()"):
+            import torch
 
         out = {k: torch.from_numpy(v) for k, v in out.items()}
     return out
@@ -160,7 +162,8 @@ class TorchtunePackedDataset:
         return len(self.packs)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        import torch
+        with torch_hint("seqpack.interop.torchtune.TorchtunePackedDataset"):
+            import torch
 
         out = to_torchtune(self.packs[i], final_target=self.final_target)
         pad = self.max_seq_len - out["tokens"].shape[0]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._torch import torch_hint
 from seqpack.packed.boundaries import segment_fields, trim_cu_seqlens
 from seqpack.packed.invariants import validate, violation
 from seqpack.packed.mrope import packed_mrope_position_ids, with_segment_mrope
@@ -237,7 +238,8 @@ class PackedSequence:
             Python ``int`` (what flash-attn / Megatron ``max_seqlen_q`` take); per-token tables from
             ``extra`` as tensors under their own key.
         """
-        import torch
+        with torch_hint("PackedSequence.to_torch()"):
+            import torch
 
         out: dict[str, Any] = {
             "input_ids": torch.from_numpy(np.ascontiguousarray(self.input_ids, dtype=np.int64)),

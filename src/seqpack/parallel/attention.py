@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 
-import torch
-import torch.distributed as dist
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.parallel.attention (the CP attention reference)"):
+    import torch
+    import torch.distributed as dist
 
 from seqpack.packed.masks import block_causal_mask  # the one mask rule (re-exported)
 

@@ -17,10 +17,14 @@ import socket
 import tempfile
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
+
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.parallel.reference (the CP equivalence reference)"):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
 
 from seqpack.packed import build_packed_sequence
 from seqpack.padding import compute_pad_multiple

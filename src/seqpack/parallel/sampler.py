@@ -9,8 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch.distributed as dist
-from torch.utils.data import Sampler
+
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.parallel.BalancedBatchSampler"):
+    import torch.distributed as dist
+    from torch.utils.data import Sampler
 
 from seqpack.parallel.balance import balance_samples
 from seqpack.parallel.balance.schedule import FILLER

@@ -12,8 +12,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+
+from seqpack._torch import torch_hint
+
+with torch_hint("seqpack.stream.StreamingPacker"):
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
 
 from seqpack.stream.buffer import STATE_VERSION, CarryOverBuffer, epoch_order, new_stats, packer_rng
 from seqpack.stream.hooks import pack_selected_samples, resolve_stream_algorithm, sample_length

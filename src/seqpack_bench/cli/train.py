@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from seqpack._torch import missing_torch_message
 from seqpack.cli.app import fail
 from seqpack_bench import train as _train
 
@@ -100,8 +101,7 @@ def train(
     # empty / unknown --mode and a bad --dtype are refused by TrainConfig.validate, naming the options
     modes = list(_train.MODES) if mode.strip() == "all" else [m.strip() for m in mode.split(",") if m.strip()]
     if importlib.util.find_spec("torch") is None:
-        _fail('seqpack train needs PyTorch, which is not installed. Fix: pip install -e ".[torch]" '
-              '(or pip install "seqpack[torch]")')
+        _fail(missing_torch_message("seqpack train"))
     try:
         cfg = _train.TrainConfig(modes=modes, steps=steps, seq_length=seq_length, model=model,
                                  hidden_size=hidden_size, num_layers=num_layers, intermediate_size=intermediate_size,
