@@ -477,9 +477,9 @@ def test_type_errors_use_json_words():
     ({"messages": None}, "bad_content_type", "'messages' is JSON null, expected a list of messages (openai format)."),
     ({"conversations": None, "id": 1}, "bad_content_type",
      "'conversations' is JSON null, expected a list of messages (sharegpt format)."),
-    ({"instruction": "a", "output": None}, "missing_key",
-     "'output' is JSON null; an alpaca record needs both 'instruction' and 'output' (record keys: "
-     "['instruction', 'output'])."),
+    ({"instruction": "a", "output": None}, "bad_content_type",
+     "'output' is JSON null, expected a string (alpaca format; a record needs both 'instruction' and 'output')."),
+    ({"instruction": None, "output": None}, "bad_content_type", "'instruction' is JSON null, expected a string"),
     ({"instruction": "a", "context": "", "response": "b"}, "missing_key",
      "'output' is missing; an alpaca record needs both 'instruction' and 'output' (record keys: "
      "['context', 'instruction', 'response']). Fix: rename the column holding the output text to 'output'"),
@@ -499,3 +499,31 @@ def test_a_record_using_a_formats_keys_wrongly_is_told_which_key(rec, reason, me
         norm(rec)
     assert ei.value.reason == reason and message in str(ei.value), str(ei.value)
     assert "unknown record format" not in str(ei.value)
+
+
+@pytest.mark.parametrize("fmt, rec, message", [
+    ("openai", {"messages": None},
+     "records, record 1: 'messages' is JSON null, expected a list of messages (openai format). Fix: give "
+     "'messages' a list of messages, or remove the record; on_error='skip' skips and reports it."),
+    ("sharegpt", {"conversations": None},
+     "records, record 1: 'conversations' is JSON null, expected a list of messages (sharegpt format). Fix: give "
+     "'conversations' a list of messages, or remove the record; on_error='skip' skips and reports it."),
+    ("alpaca", {"instruction": "q", "output": None},
+     "records, record 1: 'output' is JSON null, expected a string (alpaca format; a record needs both "
+     "'instruction' and 'output'). Fix: give 'output' a string, or remove the record; on_error='skip' skips "
+     "and reports it."),
+])
+def test_a_null_required_key_is_the_same_wrong_type_detected_or_forced(qwen3_tokenizer, fmt, rec, message):
+    good = {"openai": GOOD_OPENAI, "sharegpt": GOOD, "alpaca": {"instruction": "q", "output": "a"}}[fmt]
+    for forced in (None, fmt):  # a present key holding null is not a missing key, whichever path reads it
+        samples, rep = prepare([good, rec], qwen3_tokenizer, seq_length=512, on_error="skip", format=forced)
+        assert len(samples) == 1 and rep.by_reason() == {"skipped": {"bad_content_type": 1}}, forced
+        (entry,) = rep.entries
+        assert entry.detail == message, forced
+        with pytest.raises(DataFormatError) as ei:
+            prepare([good, rec], qwen3_tokenizer, seq_length=512, format=forced)
+        assert (ei.value.reason, str(ei.value)) == ("bad_content_type", message)
+    if fmt != "alpaca":  # absent, not null: still a missing key
+        with pytest.raises(DataFormatError) as ei:
+            prepare([good, {"id": 1}], qwen3_tokenizer, seq_length=512, format=fmt)
+        assert ei.value.reason == "missing_key" and f"missing key '{list(rec)[0]}'" in str(ei.value)

@@ -112,6 +112,50 @@ def test_inspect_plot_counts_as_seqpack_s_own_and_look_alike_files_do_not(tmp_pa
     assert (out / ".cache" / "my_model.safetensors").is_file()
 
 
+def test_a_shard_metadata_json_does_not_list_blocks_overwrite_as_it_fails_verify(tmp_path):
+    import shutil
+
+    from seqpack import load_packed
+    from seqpack.io.metadata import PackedDatasetError
+
+    out = tmp_path / "ds"
+    _pack(out, rows_per_shard=4)
+    listed = sorted(s["file"] for s in json.loads((out / "metadata.json").read_text())["shards"])
+    assert len(listed) > 1 and stranger_entries(out) == []  # every listed shard is seqpack's
+    shutil.copy(out / listed[0], out / "data" / "shard-00099.parquet")  # a shard copied in
+    assert stranger_entries(out) == ["data/shard-00099.parquet (not listed in metadata.json)"]
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(FileExistsError) as e:
+        _pack(out, overwrite=True, seq_length=512)
+    assert ("files seqpack did not write (data/shard-00099.parquet (not listed in metadata.json)); --overwrite "
+            "replaces only seqpack's own files and never deletes yours") in str(e.value)
+    res = CliRunner().invoke(app, ["pack", "--output", str(out), "--seq-length", "512", "--overwrite", "--quiet"])
+    assert res.exit_code == 1 and "data/shard-00099.parquet (not listed in metadata.json)" in res.output
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing deleted
+    with pytest.raises(PackedDatasetError, match="data/shard-00099.parquet in data/ is not a shard metadata.json"):
+        load_packed(out, verify=True)  # the same file, the same verdict
+    (out / "data" / "shard-00099.parquet").unlink()
+    _pack(out, overwrite=True, seq_length=512, rows_per_shard=4)  # only listed shards: replaced
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 512
+    assert not (out / "data" / "shard-00099.parquet").exists() and _hidden(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["not json {", '{"format_version": 1}'])
+def test_with_metadata_json_unreadable_shard_named_files_count_as_seqpack_s(tmp_path, damage):
+    import shutil
+
+    out = tmp_path / "ds"
+    _pack(out)
+    (out / "metadata.json").write_text(damage)
+    shutil.copy(out / "data" / "shard-00000.parquet", out / "data" / "shard-00099.parquet")
+    (out / "data" / "shard-00000.parquet.bak").write_bytes(b"x")
+    assert stranger_entries(out) == ["data/shard-00000.parquet.bak"]  # the name pattern, as for any damage
+    (out / "data" / "shard-00000.parquet.bak").unlink()
+    _pack(out, overwrite=True, seq_length=512)  # a damaged dataset can still be overwritten
+    assert json.loads((out / "metadata.json").read_text())["seq_length"] == 512
+    assert not (out / "data" / "shard-00099.parquet").exists()
+
+
 def test_a_linked_cache_folder_is_a_stranger(tmp_path):
     out = tmp_path / "ds"
     _pack(out)

@@ -1465,15 +1465,23 @@ def shuffle_buckets(lab, u, vals):
 
 
 @njit(cache=True)
-def _shuffle_buckets_packed(lab, u, vals, vbits, out, vout):
-    """:func:`shuffle_buckets` with ``i << vbits | vals[i]`` in one int64 (``out`` is the scratch)."""
-    m = lab.shape[0]
+def _bucket_offsets(lab):
+    """Where each of the 256 buckets of ``lab`` (uint8[m]) starts in bucket order: ``cnt`` int64[257]
+    (bucket ``k`` is ``cnt[k]:cnt[k + 1]``, ``cnt[256] == m``) and ``pos``, a copy of ``cnt[:256]`` to
+    advance as the scatter fills the buckets."""
     cnt = np.zeros(257, np.int64)
-    for i in range(m):
+    for i in range(lab.shape[0]):
         cnt[lab[i] + 1] += 1
     for k in range(256):
         cnt[k + 1] += cnt[k]
-    pos = cnt[:256].copy()
+    return cnt, cnt[:256].copy()
+
+
+@njit(cache=True)
+def _shuffle_buckets_packed(lab, u, vals, vbits, out, vout):
+    """:func:`shuffle_buckets` with ``i << vbits | vals[i]`` in one int64 (``out`` is the scratch)."""
+    m = lab.shape[0]
+    cnt, pos = _bucket_offsets(lab)
     for i in range(m):
         k = lab[i]
         vout[pos[k]] = (np.int64(i) << vbits) | vals[i]
@@ -1496,12 +1504,7 @@ def _shuffle_buckets_packed(lab, u, vals, vbits, out, vout):
 def _shuffle_buckets_into(lab, u, vals, out, vout):
     """:func:`shuffle_buckets` writing into ``out`` and ``vout`` (int64[m])."""
     m = lab.shape[0]
-    cnt = np.zeros(257, np.int64)
-    for i in range(m):
-        cnt[lab[i] + 1] += 1
-    for k in range(256):
-        cnt[k + 1] += cnt[k]
-    pos = cnt[:256].copy()
+    cnt, pos = _bucket_offsets(lab)
     for i in range(m):
         k = lab[i]
         out[pos[k]] = i

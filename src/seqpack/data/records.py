@@ -29,7 +29,8 @@ class DataFormatError(ValueError):
             ``"empty_conversation"``, ``"no_assistant_turn"``, ``"unknown_role"``,
             ``"bad_content_type"``, ``"bad_tool_call"``, ``"bad_tools"``, ``"missing_image"``,
             ``"image_placeholder_mismatch"``, ``"bad_input"``, ``"bad_encoding"`` (not UTF-8),
-            ``"missing_key"`` (a forced format's key is absent, or one of alpaca's two), ``"empty_assistant_turn"``; from rendering: ``"template_error"``,
+            ``"missing_key"`` (a forced format's key is absent, or one of alpaca's two; a key holding JSON null
+            is ``"bad_content_type"``, detected or forced), ``"empty_assistant_turn"``; from rendering: ``"template_error"``,
             ``"template_unsupported"``, ``"template_span_mismatch"``).
         fix: what the user should change.
     """

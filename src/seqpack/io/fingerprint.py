@@ -177,7 +177,7 @@ def verify_metadata(p: Path, meta: Any) -> None:
     _check_recorded(p, "report_sha256", meta.report_sha256, report_sha256,
                     f"{report} was edited after packing: the list of dropped/skipped/truncated records is not the "
                     "packer's")
-    listed = {Path(s.file).as_posix() for s in meta.shards}
+    listed = meta.listed_files()
     data = p / DATA_DIR
     extra = sorted(f"{DATA_DIR}/{f.name}" for f in (data.iterdir() if data.is_dir() else ())
                    if f"{DATA_DIR}/{f.name}" not in listed)

@@ -151,6 +151,12 @@ class PackedMetadata:
         """Alias of :attr:`seq_length` (the bin capacity in tokens)."""
         return self.seq_length
 
+    def listed_files(self) -> set[str]:
+        """The dataset's own files in ``data/``: its shards' paths relative to the dataset folder, as
+        POSIX strings (``{"data/shard-00000.parquet", ...}``). Any other file in ``data/`` was not written
+        by the packing run this metadata describes."""
+        return {Path(s.file).as_posix() for s in self.shards}
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-able values, plus ``capacity`` (= ``seq_length``)."""
         d = asdict(self)

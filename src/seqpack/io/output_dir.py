@@ -7,8 +7,8 @@ Rules:
   a directory seqpack can create entries in, the output must not be a file or a mount point (a dataset
   is published by renaming a finished folder onto the output path).
 - An existing dataset is replaced only with ``overwrite=True``, and only if the folder holds nothing but
-  what seqpack writes (:data:`SEQPACK_ENTRIES`, and Parquet shards in ``data/``); any other file is
-  named in the refusal and never deleted. A non-empty folder that is not a seqpack dataset is never
+  what seqpack writes (:data:`SEQPACK_ENTRIES`, and in ``data/`` the shards its ``metadata.json`` lists);
+  any other file is named in the refusal and never deleted. A non-empty folder that is not a seqpack dataset is never
   deleted.
 - Publishing is atomic from the reader's view: on Linux the finished folder and the old dataset are
   swapped with one ``renameat2(RENAME_EXCHANGE)`` call, so the output path holds the old or the new
@@ -30,13 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from seqpack.io.metadata import (
-    CACHE_DIR,
-    DATA_DIR,
-    METADATA_FILE,
-    REPORT_FILE,
-    REPORT_PNG,
-)
+from seqpack.io.metadata import (CACHE_DIR, DATA_DIR, METADATA_FILE, REPORT_FILE, REPORT_PNG, PackedDatasetError,
+                                 PackedMetadata)
 
 __all__ = [
     "LEFTOVER_KINDS",
@@ -101,14 +96,21 @@ def temp_name(output: str | os.PathLike, kind: str) -> Path:
 
 
 def stranger_entries(output: str | os.PathLike) -> list[str]:
-    """Paths (relative to ``output``) inside a dataset folder that seqpack did not write.
+    """Paths (relative to ``output``) inside a dataset folder that seqpack did not write, e.g.
+    ``["NOTES.md", "data/extra.bin"]``.
 
-    seqpack writes :data:`SEQPACK_ENTRIES` at the top (plain files and folders, never links),
-    ``shard-NNNNN.parquet`` files in ``data/`` and ``shard-NNNNN-<key>.arrow`` files in ``.cache/``;
-    anything else (a user's notes, a checkpoint, an input file, ``data/shard-00000.parquet.bak``) is a
-    stranger.
+    seqpack writes :data:`SEQPACK_ENTRIES` at the top (plain files and folders, never links), in ``data/``
+    the shards ``metadata.json`` lists (``PackedMetadata.listed_files``, as ``load_packed(verify=True)``)
+    and ``shard-NNNNN-<key>.arrow`` files in ``.cache/``; anything else (a user's notes, a checkpoint, an
+    input, ``data/shard-00000.parquet.bak``, a shard copied in) is a stranger, a shard-named one with the
+    reason: ``data/shard-00099.parquet (not listed in metadata.json)``. When ``metadata.json`` is missing or
+    unreadable (a damaged dataset), every ``data/shard-NNNNN.parquet`` counts as seqpack's.
     """
     out = Path(output)
+    try:
+        listed = PackedMetadata.read(out).listed_files()
+    except (PackedDatasetError, OSError):
+        listed = None
     found = []
     for p in sorted(out.iterdir()):
         kind = "/" if p.is_dir() and not p.is_symlink() else ""
@@ -120,8 +122,14 @@ def stranger_entries(output: str | os.PathLike) -> list[str]:
                 continue
             own = _OWN_SHARD if p.name == DATA_DIR else _OWN_CACHE_FILE
             for q in sorted(p.iterdir()):
-                if q.is_symlink() or not q.is_file() or not own.fullmatch(q.name):
-                    found.append(f"{p.name}/{q.name}" + ("/" if q.is_dir() and not q.is_symlink() else ""))
+                rel = f"{p.name}/{q.name}"
+                if q.is_symlink() or not q.is_file():
+                    found.append(rel + ("/" if q.is_dir() and not q.is_symlink() else ""))
+                elif p.name == DATA_DIR and listed is not None:
+                    if rel not in listed:
+                        found.append(rel + (f" (not listed in {METADATA_FILE})" if own.fullmatch(q.name) else ""))
+                elif not own.fullmatch(q.name):
+                    found.append(rel)
         elif not p.is_file():
             found.append(p.name + "/")
     return found

@@ -68,7 +68,8 @@ def normalize_record(raw: RawRecord, format: str | None = None, media: MediaRoot
 
     Raises:
         DataFormatError: malformed JSON or bad UTF-8 (carried by ``raw``), unknown format, a key
-            the forced ``format`` needs is missing, empty conversation, no assistant turn, an empty
+            the forced ``format`` needs is missing (``"missing_key"``) or JSON null (``"bad_content_type"``,
+            as when detected), empty conversation, no assistant turn, an empty
             assistant turn (no text, tool calls or reasoning), unknown role, content of the wrong type, bad tool call JSON, missing
             image file, an image outside the media root (``"media_outside_root"``), or a ``<image>``
             count that differs from the number of images.
@@ -137,29 +138,51 @@ _REQUIRED_KEYS = {
 }
 
 
+#: What a format's required key holds (named when the key is JSON null).
+_KEY_HOLDS = {"messages": "a list of messages", "conversations": "a list of messages", "instruction": "a string",
+              "output": "a string"}
+
+
+def _null_key_error(rec: dict, key: str, fmt: str, ctx: _Ctx, detected: str | None = None) -> DataFormatError:
+    """The error for a record whose required ``key`` is present but JSON null, the same whether ``fmt`` was
+    detected or forced: reason ``"bad_content_type"`` (a null value is the wrong type, not a missing key).
+    ``detected``: the format the record looks like, named in the fix when it is not ``fmt``."""
+    holds = _KEY_HOLDS[key]
+    both = "; a record needs both 'instruction' and 'output'" if fmt == "alpaca" else ""
+    fix = f"give '{key}' {holds}, or remove the record; on_error='skip' skips and reports it."
+    if detected is not None and detected != fmt:
+        fix += f" The record looks like the {detected!r} format: use --format auto (format=None in Python)."
+    return ctx.err(f"'{key}' is JSON null, expected {holds} ({fmt} format{both}).", "bad_content_type", fix)
+
+
 def _near_miss(rec: dict, ctx: _Ctx) -> None:
-    """A record no format fits that still uses a format's keys: its conversation key is null, or one of
-    alpaca's two keys is missing or null. Raises the error that names that key (else returns)."""
+    """A record no format fits that still uses a format's keys: its conversation key is null, one of
+    alpaca's two keys is null (the other given or null too), or one of them is missing. Raises the error
+    that names that key (else returns)."""
     for key, fmt in (("messages", "openai"), ("conversations", "sharegpt")):
         if key in rec:  # present but null (a non-null value would have been detected)
-            raise ctx.err(f"'{key}' is JSON null, expected a list of messages ({fmt} format).", "bad_content_type",
-                          f"give '{key}' a list of messages, or remove the record; on_error='skip' skips and "
-                          "reports it.")
+            raise _null_key_error(rec, key, fmt, ctx)
     has = [k for k in ("instruction", "output") if _present(rec, k)]
+    nulls = [k for k in ("instruction", "output") if k in rec and rec[k] is None]
+    if nulls and (has or len(nulls) == 2):
+        raise _null_key_error(rec, nulls[0], "alpaca", ctx)
     if len(has) == 1:
         other = "output" if has == ["instruction"] else "instruction"
-        state = "JSON null" if other in rec else "missing"
-        raise ctx.err(f"'{other}' is {state}; an alpaca record needs both 'instruction' and 'output' (record keys: "
+        raise ctx.err(f"'{other}' is missing; an alpaca record needs both 'instruction' and 'output' (record keys: "
                       f"{sorted(rec)[:12]}).", "missing_key", f"rename the column holding the {other} text to "
                       f"'{other}' (e.g. Dolly's 'response' is 'output'), give the record its '{other}', or remove "
                       "it; on_error='skip' skips and reports it.")
 
 
 def _check_forced_keys(rec: dict, fmt: str, detected: str | None, ctx: _Ctx) -> None:
-    """A forced format's required key is absent (or ``None``): say which, and what the record looks like."""
+    """A forced format's required key is absent (reason ``"missing_key"``) or JSON null
+    (:func:`_null_key_error`): say which, and what the record looks like."""
     for alternatives in _REQUIRED_KEYS[fmt]:
         if any(_present(rec, k) for k in alternatives):
             continue
+        null = next((k for k in alternatives if k in rec), None)
+        if null is not None:
+            raise _null_key_error(rec, null, fmt, ctx, detected)
         key = " or ".join(repr(k) for k in alternatives)
         if detected is not None and detected != fmt:
             hint = f" (record looks like the {detected!r} format; use --format auto, or format=None in Python)"
