@@ -140,6 +140,19 @@ def test_a_shard_metadata_json_does_not_list_blocks_overwrite_as_it_fails_verify
     assert not (out / "data" / "shard-00099.parquet").exists() and _hidden(tmp_path) == []
 
 
+def test_a_metadata_json_listing_a_user_file_does_not_make_it_seqpack_s(tmp_path):
+    out = tmp_path / "ds"
+    _pack(out)
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["shards"][0]["file"] = "data/notes.txt"  # crafted: a user's file listed as a shard
+    (out / "metadata.json").write_text(json.dumps(meta))
+    (out / "data" / "notes.txt").write_text("mine")
+    assert "data/notes.txt" in stranger_entries(out)
+    with pytest.raises(FileExistsError, match="data/notes.txt"):
+        _pack(out, overwrite=True, seq_length=512)
+    assert (out / "data" / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("damage", ["not json {", '{"format_version": 1}'])
 def test_with_metadata_json_unreadable_shard_named_files_count_as_seqpack_s(tmp_path, damage):
     import shutil

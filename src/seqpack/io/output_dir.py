@@ -125,8 +125,8 @@ def stranger_entries(output: str | os.PathLike) -> list[str]:
                 rel = f"{p.name}/{q.name}"
                 if q.is_symlink() or not q.is_file():
                     found.append(rel + ("/" if q.is_dir() and not q.is_symlink() else ""))
-                elif p.name == DATA_DIR and listed is not None:
-                    if rel not in listed:
+                elif p.name == DATA_DIR and listed is not None:  # listed AND shard-named: a crafted list owns nothing else
+                    if rel not in listed or not own.fullmatch(q.name):
                         found.append(rel + (f" (not listed in {METADATA_FILE})" if own.fullmatch(q.name) else ""))
                 elif not own.fullmatch(q.name):
                     found.append(rel)
