@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.padding import round_up
-from seqpack.stream.hooks import LOG_FIRST, RunAlgorithm, first_names, logger, sample_name
+from seqpack.stream.hooks import LOG_FIRST, RunAlgorithm, first_names, logger, sample_name, unfit_text
 from seqpack.stream.settings import PackerSettings
 
 __all__ = ["STATE_VERSION", "CarryOverBuffer", "epoch_order", "new_stats", "packer_rng"]
@@ -175,10 +175,7 @@ class CarryOverBuffer:
             return ks, lens, range(len(ks))
         for i in bad:
             item = items[i] if items is not None else None
-            msg = (
-                f"{sample_name(item, int(ks[i]))} has length {int(lens[i])} (padded {int(padded[i])}), "
-                f"which does not fit capacity {s.seq_length}"
-            )
+            msg = unfit_text(sample_name(item, int(ks[i])), int(lens[i]), int(padded[i]), s.seq_length)
             if s.overlength == "error":
                 raise ValueError(
                     msg + "; truncate/drop it when preparing the data (overlength='truncate'|'drop' in "

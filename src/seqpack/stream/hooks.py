@@ -120,6 +120,14 @@ def resolve_stream_algorithm(algorithm: Any) -> tuple[str, RunAlgorithm]:
     return str(getattr(algo, "value", algo)), run_pack_lengths
 
 
+def unfit_text(name: str, length: int, padded: int, capacity: int) -> str:
+    """Why a sample cannot be packed: it is empty (``length <= 0``: nothing to train on) or its padded length
+    exceeds ``capacity``; ``name`` from :func:`sample_name`."""
+    if length <= 0:
+        return f"{name} is empty (length {length}): it has no token to pack"
+    return f"{name} has length {length} (padded {padded}), which does not fit capacity {capacity}"
+
+
 def select_samples_to_pack(
     samples: Sequence[Any],
     *,
@@ -162,10 +170,7 @@ def select_samples_to_pack(
     bad = np.flatnonzero((padded > capacity) | (lens <= 0))
     keep = np.ones(len(samples), dtype=bool)
     for i in bad:
-        msg = (
-            f"{sample_name(samples[i], int(i))} has length {int(lens[i])} (padded {int(padded[i])}), "
-            f"which does not fit capacity {capacity}"
-        )
+        msg = unfit_text(sample_name(samples[i], int(i)), int(lens[i]), int(padded[i]), capacity)
         if overlength == "error":
             raise ValueError(msg + "; truncate or drop it when preparing the data, or pass overlength='drop'")
         logger.debug("select_samples_to_pack: dropping %s", msg)

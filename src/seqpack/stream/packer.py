@@ -8,7 +8,7 @@ sharding and resume: ``docs/notes/stream.md``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ with torch_hint("seqpack.stream.StreamingPacker"):
 from seqpack.stream.buffer import STATE_VERSION, CarryOverBuffer, epoch_order, new_stats, packer_rng
 from seqpack.stream.hooks import pack_selected_samples, resolve_stream_algorithm, sample_length
 from seqpack.stream.settings import STREAM_DEFAULT_ALGORITHM, PackerSettings, check_same_settings
-from seqpack.stream.source import iterable_reader, map_reader
+from seqpack.stream.source import check_one_shot, iterable_reader, map_reader
 
 __all__ = ["StreamingPacker"]
 
@@ -191,6 +191,7 @@ class StreamingPacker(IterableDataset):
         self._epoch_chosen = False  # set_epoch() was called: the caller's epoch wins over a loaded state's
         self._live: CarryOverBuffer | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._one_shot_read = False  # a one-shot iterator source was read (check_one_shot)
 
     # -------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -285,6 +286,9 @@ class StreamingPacker(IterableDataset):
                               need_items=need_items)
             return read, (lambda k: src[int(k)])
         shard, nshards = self._shard()
+        if isinstance(self.source, Iterator):  # one-shot: exhausted after one pass
+            check_one_shot(self.source, run.cursor, self._one_shot_read)
+            self._one_shot_read = True
         if self.shard_source:
             self._check_not_self_sharding()
             it = itertools.islice(iter(self.source), shard, None, nshards)

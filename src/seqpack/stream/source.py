@@ -9,6 +9,7 @@ end of the shard), advancing ``buffer.cursor``.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from seqpack.stream.buffer import CarryOverBuffer
 from seqpack.stream.hooks import sample_length
 
-__all__ = ["Reader", "iterable_reader", "map_reader"]
+__all__ = ["Reader", "check_one_shot", "iterable_reader", "map_reader"]
 
 Reader = Callable[[int], tuple[np.ndarray, np.ndarray, "list[Any] | None"]]
 
@@ -26,7 +27,15 @@ Reader = Callable[[int], tuple[np.ndarray, np.ndarray, "list[Any] | None"]]
 def map_reader(src: Any, keys: np.ndarray, run: CarryOverBuffer, *, length_fn: Callable[[Any], int],
                numeric: bool, need_items: bool) -> Reader:
     """Read ``src[k]`` for this shard's ``keys`` from ``run.cursor`` on; ``numeric``: ``src`` is an int
-    array of lengths (items are fetched only when ``need_items``)."""
+    array of lengths (items are fetched only when ``need_items``).
+
+    Raises:
+        ValueError: on resume, when the saved cursor lies past this shard's end (a state of another source).
+    """
+    if run.cursor > len(keys):
+        raise ValueError(
+            f"cannot resume: the state was saved at item {run.cursor} of this shard, but the shard has only "
+            f"{len(keys)} items; the state is not from this source (or the source shrank since it was saved)")
 
     def read(n: int):
         ks = keys[run.cursor : run.cursor + n]
@@ -40,6 +49,24 @@ def map_reader(src: Any, keys: np.ndarray, run: CarryOverBuffer, *, length_fn: C
         return ks, lens, items
 
     return read
+
+
+def check_one_shot(source: Any, cursor: int, read_before: bool) -> None:
+    """Refuse to read a one-shot iterator ``source`` (a generator, a file, ``map(...)``: an ``Iterator``)
+    where it would silently yield too little: a second pass by the same packer (it is exhausted), or a
+    resume (``cursor > 0``: the replay from the first item) from a generator that has already started.
+
+    Raises:
+        ValueError: naming the case and the fix (a re-iterable source, or a new generator).
+    """
+    fix = ("pass a re-iterable source (a list, a datasets.Dataset, or an object whose __iter__ returns a new "
+           "iterator each time), or a new generator to a new StreamingPacker")
+    if read_before:
+        raise ValueError("the source is a one-shot iterator (e.g. a generator) that this packer has already "
+                         f"read, so another pass (the next epoch, a resume, iterating again) would miss samples. Fix: {fix}")
+    if cursor > 0 and inspect.isgenerator(source) and inspect.getgeneratorstate(source) != inspect.GEN_CREATED:
+        raise ValueError(f"cannot resume: the source generator has already yielded items, but a resume replays "
+                         f"the source from its first item up to the saved position ({cursor}). Fix: {fix}")
 
 
 def iterable_reader(it: Iterator[Any], run: CarryOverBuffer, *, shard: int, nshards: int,
