@@ -128,6 +128,17 @@ def test_an_empty_output_is_refused_not_taken_as_the_current_folder(tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("bad", [None, 5, ["out"]])
+def test_an_output_that_is_no_path_is_refused_by_type(tmp_path, monkeypatch, bad):
+    from seqpack import pack_dataset
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=rf"output must be the dataset folder to create \(a str or path, e.g. "
+                                        rf"'packed'\), got {type(bad).__name__}"):
+        pack_dataset(output=bad, progress=None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_inspect_on_a_read_only_dataset_says_how_to_plot_elsewhere(packed_dir, monkeypatch):
     import seqpack.io.summary as summary
 

@@ -252,11 +252,15 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
         NotADirectoryError: a parent of ``output`` is a file.
         PermissionError: the nearest existing parent is not writable; an existing dataset to overwrite
             that this user cannot delete (a folder of it not writable).
+        TypeError: ``output`` is not a str or path (e.g. ``None``).
         ValueError: ``output`` is an empty string.
         FileExistsError: ``output`` is a file or a mount point; an existing seqpack dataset and
             ``overwrite`` is False; a dataset holding files seqpack did not write (named, never
             deleted); a non-empty directory that is not a seqpack dataset (never deleted).
     """
+    if not isinstance(output, (str, os.PathLike)):
+        raise TypeError(f"output must be the dataset folder to create (a str or path, e.g. 'packed'), got "
+                        f"{type(output).__name__}")
     if not str(output).strip():  # Path("") is Path("."): an empty --output would mean the current folder
         raise ValueError(f"output {str(output)!r} is empty; pass the dataset folder to create, e.g. --output packed")
     out = Path(output)
