@@ -151,6 +151,24 @@ def test_inspect_on_a_read_only_dataset_says_how_to_plot_elsewhere(packed_dir, m
     assert _run("inspect", packed_dir[0], "--no-plot").exit_code == 0
 
 
+def test_inspect_of_a_damaged_report_prints_only_the_error(packed_dir, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed_dir[0], ds)
+    report = ds / "report.jsonl"
+    n = len(report.read_text(encoding="utf-8").splitlines()) + 1
+    with open(report, "a", encoding="utf-8") as f:
+        f.write("{not json\n")
+    res = _run("inspect", ds, "--no-plot")
+    _user_error(res, 1)
+    assert res.stdout == ""  # the report is read before the summary is printed
+    assert res.stderr == (
+        f"error: {report} line {n}: not JSON (Expecting property name enclosed in double quotes at column 2). "
+        f"report.jsonl was edited or damaged after packing; re-pack, or check it with `seqpack inspect {ds} "
+        "--verify`\n")
+
+
 def test_inspect_writes_report_png(packed_dir, tmp_path):
     out, _ = packed_dir
     res = _run("inspect", out)

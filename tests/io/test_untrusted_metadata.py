@@ -230,3 +230,27 @@ def test_the_temp_cache_is_private_to_the_user(tmp_path, monkeypatch):
     root.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(PackedDatasetError, match="not private"):
         private_cache_root()
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("{not json", "not JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ("[1, 2]", "it is an array, not a JSON object"),
+    ('{"status": "dropped", "reason": "overlength"}', "it has no 'sample_id'"),
+    ('{"sample_id": "a:1", "status": "dropped", "reason": "overlength", "index": "3"}',
+     "its 'index' is \"3\", not an integer or null"),
+    ('{"sample_id": "a:1", "status": "dropped", "reason": "overlength", "tokens_before": true}',
+     "its 'tokens_before' is true, not an integer or null"),
+])
+def test_a_damaged_report_line_names_the_file_line_and_fix(packed, tmp_path, line, problem):
+    ds = _copy(packed, tmp_path)
+    report = ds / "report.jsonl"
+    good = load_packed(ds).report()
+    with open(report, "a", encoding="utf-8") as f:
+        f.write("\n" + line + "\n")  # a blank line is skipped, not counted as an entry
+    n = len(report.read_text(encoding="utf-8").splitlines())
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(ds).report()
+    assert str(ei.value) == (f"{report} line {n}: {problem}. report.jsonl was edited or damaged after packing; "
+                             f"re-pack, or check it with `seqpack inspect {ds} --verify`")
+    report.write_text("".join(json.dumps(e) + "\n" for e in good), encoding="utf-8")
+    assert load_packed(ds).report() == good  # the packer's own lines read back as written

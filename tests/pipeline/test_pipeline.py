@@ -373,3 +373,45 @@ def test_every_record_bad_lists_each_in_a_report_beside_the_output_and_keeps_the
         pack_dataset(broken, tmp_path / "d", tokenizer=qwen3_tokenizer, seq_length=64, on_error="skip")
     assert str(ei.value).split("Fix: ")[1] == (
         "fix the skipped records (each is named when packing with on_error='raise')"), str(ei.value)
+
+
+def test_records_truncated_to_no_trainable_token_point_at_the_length_not_train_on(tmp_path, qwen3_tokenizer):
+    """A record that lost its trained tokens to truncation gets the seq_length / overlength fix; one that
+    had none before truncation keeps the train_on fix; the CLI names the flags."""
+    from seqpack.cli import app
+    from seqpack.pipeline import NothingToPackError
+    from typer.testing import CliRunner
+
+    data = tmp_path / "long.jsonl"
+    data.write_text(_chat("a long question? " * 40, "yes") + "\n")
+    with pytest.raises(NothingToPackError) as ei:
+        pack_dataset(data, tmp_path / "o", tokenizer=qwen3_tokenizer, seq_length=64)
+    assert str(ei.value).split("Fix: ")[1] == (
+        "records truncated to seq_length=64 kept no trainable token: raise seq_length=64, or set "
+        "overlength='split' (keeps every token) or overlength='drop'")
+    rows = [json.loads(line) for line in (tmp_path / "o.report.jsonl").read_text().splitlines()]
+    assert [(r["reason"], r["detail"].split(" to ")[0]) for r in rows] == [
+        ("no_trainable_tokens", f"truncated from {rows[0]['tokens_before']}")]
+    # a record with no trainable token before any truncation, beside a truncated one: both fixes
+    from types import SimpleNamespace
+
+    from seqpack.accounting import PrepareReport, SampleRecord
+    from seqpack.pipeline.nothing_left import nothing_left_fixes
+
+    report = PrepareReport(records_read=2, entries=[
+        SampleRecord("a:0", "a", 0, "dropped", "no_trainable_tokens", "truncated from 90 to 64 tokens, no trainable "
+                     "token left", 90, 0),
+        SampleRecord("a:1", "a", 1, "dropped", "no_trainable_tokens", "no trainable token", 1, 0)])
+    job = SimpleNamespace(format=None, seq_length=64, overlength="truncate", train_on="assistant")
+    assert nothing_left_fixes(job, report) == [
+        "records truncated to seq_length=64 kept no trainable token: raise seq_length=64, or set "
+        "overlength='split' (keeps every token) or overlength='drop'",
+        "no token left to train on: check train_on='assistant' and the assistant turns"]
+    report.entries.pop(0)
+    assert nothing_left_fixes(job, report) == [
+        "no token left to train on: check train_on='assistant' and the assistant turns"]
+    r = CliRunner().invoke(app, ["pack", str(data), "-o", str(tmp_path / "c"), "--seq-length", "64", "-q"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr.rstrip("\n").split("Fix: ")[1] == (
+        "records truncated to --seq-length 64 kept no trainable token: raise --seq-length 64, or set "
+        "--overlength 'split' (keeps every token) or --overlength 'drop'")

@@ -334,8 +334,9 @@ def inspect(
         if as_json:
             typer.echo(ds.metadata.to_json(), nl=False)
             return
+        entries = ds.report()  # a damaged report fails before anything is printed
         _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
-        _print_entries(ds.report(), Path(path))
+        _print_entries(entries, Path(path))
         if not no_plot:
             try:
                 png = plot_report(ds, plot)

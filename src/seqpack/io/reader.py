@@ -18,6 +18,7 @@ import pyarrow as pa
 from seqpack.io.cache import ShardCache, ShardIdentity, check_shard, read_shard
 from seqpack.io.fingerprint import verify_metadata
 from seqpack.io.media import PackMedia
+from seqpack.io.report_file import read_report
 from seqpack.io.metadata import (
     REPORT_FILE,
     PackedDatasetError,
@@ -152,12 +153,13 @@ class PackedDataset:
         return self.metadata.seq_length
 
     def report(self) -> list[dict[str, Any]]:
-        """The per-record report (``report.jsonl``): one dict per dropped/skipped/truncated/split record."""
-        p = self.path / REPORT_FILE
-        if not p.is_file():
-            return []
-        with open(p, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        """The per-record report (``report.jsonl``): one dict per dropped/skipped/truncated/split record
+        (:func:`seqpack.io.report_file.read_report`; ``[]`` when the file is absent).
+
+        Raises:
+            PackedDatasetError: a line of ``report.jsonl`` is not a report entry (names the line and the fix).
+        """
+        return read_report(self.path / REPORT_FILE)
 
     # -- access ------------------------------------------------------------------------------
     def _shard(self, k: int) -> _Shard:

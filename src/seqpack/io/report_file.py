@@ -3,22 +3,84 @@ truncated, split or kept), the file form of :class:`seqpack.accounting.PrepareRe
 
 :func:`write_report` is the one writer of that file: the dataset writer calls it inside the dataset's
 temp folder, and :func:`write_rejected_report` calls it when no record is left to pack, so the
-records that were refused are listed even though no dataset is written.
+records that were refused are listed even though no dataset is written. :func:`read_report` reads it
+back, refusing a line that is not one such entry.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any, Iterable
 
 from seqpack.io.fingerprint import sha256_file
-from seqpack.io.metadata import REPORT_FILE
+from seqpack.accounting import SampleRecord
+from seqpack.io.metadata import REPORT_FILE, PackedDatasetError
 from seqpack.io.output_dir import temp_name
 
-__all__ = ["rejected_report_path", "write_rejected_report", "write_report"]
+__all__ = ["read_report", "rejected_report_path", "write_rejected_report", "write_report"]
+
+#: The JSON types each :class:`~seqpack.accounting.SampleRecord` field may hold in ``report.jsonl``.
+_FIELD_TYPES = {"str": (str,), "str | None": (str, type(None)), "int | None": (int, type(None))}
+
+
+def _line_problem(d: Any) -> str | None:
+    """What makes the parsed line ``d`` not a report entry (``None``: it is one). A field without a
+    default that may not be null (``sample_id``, ``status``, ``reason``) must be present; every
+    :class:`~seqpack.accounting.SampleRecord` field present must have its type; other keys are kept."""
+    if not isinstance(d, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(d), "a number")
+        return f"it is {kind}, not a JSON object"
+    for f in fields(SampleRecord):
+        types = _FIELD_TYPES[str(f.type)]
+        if f.name not in d:
+            if f.default is MISSING and type(None) not in types:
+                return f"it has no {f.name!r}"
+            continue
+        v = d[f.name]
+        if not isinstance(v, types) or isinstance(v, bool):
+            want = " or ".join("null" if t is type(None) else {"str": "a string", "int": "an integer"}[t.__name__]
+                               for t in types)
+            return f"its {f.name!r} is {json.dumps(v, ensure_ascii=False)[:40]}, not {want}"
+    return None
+
+
+def read_report(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read ``report.jsonl`` at ``path``: one dict per non-blank line, each a
+    :class:`~seqpack.accounting.SampleRecord`'s fields (keys ``sample_id``, ``source``, ``index``,
+    ``status``, ``reason``, ``detail``, ``tokens_before``, ``tokens_after``). A missing file reads as ``[]``.
+
+    Raises:
+        PackedDatasetError: a line is not JSON, not an object, or lacks / mistypes a field; the message
+            names the file, the line number and what is wrong, e.g.
+            ``DIR/report.jsonl line 13: not JSON (Expecting value at column 1). report.jsonl was edited or
+            damaged after packing; re-pack, or check it with `seqpack inspect DIR --verify```.
+    Example:
+        >>> read_report("packed/report.jsonl")[0]["reason"]  # doctest: +SKIP
+        'overlength'
+    """
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    with open(p, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as exc:
+                problem: str | None = f"not JSON ({exc.msg} at column {exc.colno})"
+            else:
+                problem = _line_problem(d)
+            if problem is not None:
+                raise PackedDatasetError(
+                    f"{p} line {n}: {problem}. {REPORT_FILE} was edited or damaged after packing; re-pack, or "
+                    f"check it with `seqpack inspect {p.parent} --verify`")
+            out.append(d)
+    return out
 
 
 def write_report(path: str | os.PathLike, entries: Iterable[Any]) -> str:

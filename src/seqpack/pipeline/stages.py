@@ -27,6 +27,7 @@ from seqpack.io.metadata import METADATA_FILE
 from seqpack.io.report_file import rejected_report_path, write_rejected_report
 from seqpack.io.writer import PackedWriter
 from seqpack.pipeline.job import NothingToPackError, PackJob, resolve_image_processor
+from seqpack.pipeline.nothing_left import nothing_left_fixes
 
 __all__ = [
     "JobTokenizer",
@@ -299,27 +300,10 @@ def check_prepared(
     raise NothingToPackError(
         f"no sample left to pack: {report.records_read} record(s) read from {names}, none usable "
         f"(by status and reason: {by_reason}; each record with its reason in {listed}). Fix: "
-        + "; ".join(_nothing_left_fixes(job, by_reason))
+        + "; ".join(nothing_left_fixes(job, report))
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
         + (f"; the dataset already at {job.output} was left as it was" if (job.output / METADATA_FILE).exists() else "")
     )
-
-
-def _nothing_left_fixes(job: PackJob, by_reason: dict[str, dict[str, int]]) -> list[str]:
-    """The fixes that fit the reasons records were refused for (``PrepareReport.by_reason()``)."""
-    reasons = {r for per in by_reason.values() for r in per}
-    fixes = [f"check format={job.format or 'auto'!r} against the records' keys"] if reasons & {
-        "unknown_format", "missing_key"} else []
-    dropped = set(by_reason.get("dropped", {}))
-    if dropped & {"overlength", "overlength_media"}:
-        fixes.append(f"for overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}")
-    if "no_trainable_tokens" in dropped:
-        fixes.append(f"no token left to train on: check train_on={job.train_on!r} and the assistant turns")
-    if "empty_sample" in dropped:
-        fixes.append("records that render to no tokens: check their content and the chat template")
-    if "skipped" in by_reason:
-        fixes.append("fix the skipped records (each is named when packing with on_error='raise')")
-    return fixes or ["read each record's reason in the report"]
 
 
 def check_plan_places_all(plan: Any, num_samples: int, what: str) -> None:

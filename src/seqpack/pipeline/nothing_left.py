@@ -1,0 +1,47 @@
+"""The fixes a ``NothingToPackError`` offers: one per reason the records were refused for, written with
+``pack_dataset`` keyword names (the CLI rewrites them as flags: :func:`seqpack.pipeline.job.cli_message`)."""
+
+from __future__ import annotations
+
+from seqpack.accounting import PrepareReport, SampleRecord
+from seqpack.pipeline.job import PackJob
+
+__all__ = ["lost_to_truncation", "nothing_left_fixes"]
+
+
+def lost_to_truncation(entry: SampleRecord, seq_length: int) -> bool:
+    """Whether ``entry`` is a record dropped for no trainable token because truncating it to
+    ``seq_length`` cut its trained tokens (text: it had ``tokens_before > seq_length``; media: the
+    detail names the truncation), not one that had none to begin with."""
+    return entry.status == "dropped" and entry.reason == "no_trainable_tokens" and (
+        (entry.tokens_before or 0) > seq_length or "truncation at" in entry.detail)
+
+
+def nothing_left_fixes(job: PackJob, report: PrepareReport) -> list[str]:
+    """The fixes that fit the reasons ``report``'s records were refused for (``report.by_reason()``);
+    never empty.
+
+    Example:
+        >>> nothing_left_fixes(job, report)  # doctest: +SKIP
+        ['records truncated to seq_length=1 kept no trainable token: raise seq_length=1, or set ...']
+    """
+    by_reason = report.by_reason()
+    reasons = {r for per in by_reason.values() for r in per}
+    fixes = [f"check format={job.format or 'auto'!r} against the records' keys"] if reasons & {
+        "unknown_format", "missing_key"} else []
+    dropped = set(by_reason.get("dropped", {}))
+    if dropped & {"overlength", "overlength_media"}:
+        fixes.append(f"for overlength drops raise seq_length={job.seq_length} or change overlength={job.overlength!r}")
+    if "no_trainable_tokens" in dropped:
+        untrained = [e for e in report.entries if e.status == "dropped" and e.reason == "no_trainable_tokens"]
+        if any(lost_to_truncation(e, job.seq_length) for e in untrained):
+            fixes.append(f"records truncated to seq_length={job.seq_length} kept no trainable token: raise "
+                         f"seq_length={job.seq_length}, or set overlength='split' (keeps every token) or "
+                         "overlength='drop'")
+        if not all(lost_to_truncation(e, job.seq_length) for e in untrained):
+            fixes.append(f"no token left to train on: check train_on={job.train_on!r} and the assistant turns")
+    if "empty_sample" in dropped:
+        fixes.append("records that render to no tokens: check their content and the chat template")
+    if "skipped" in by_reason:
+        fixes.append("fix the skipped records (each is named when packing with on_error='raise')")
+    return fixes or ["read each record's reason in the report"]
