@@ -28,7 +28,7 @@ from seqpack.data.sources import dedupe_paths, expand_inputs
 from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_inputs_outside, check_output_dir
-from seqpack.padding import check_seq_length, compute_pad_multiple
+from seqpack.padding import check_positive_int, check_seq_length, compute_pad_multiple
 
 __all__ = [
     "NothingToPackError",
@@ -260,8 +260,7 @@ def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_s
     Raises:
         PackConfigError: any of the above.
     """
-    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise PackConfigError(f"seq_length must be an integer >= 1, got {seq_length!r}")
+    check_positive_int(seq_length, "seq_length", error=PackConfigError)
     if seq_length > np.iinfo(np.int32).max:
         raise PackConfigError(
             f"seq_length={seq_length} does not fit the int32 boundary arrays "
