@@ -25,6 +25,7 @@ from seqpack.data.media.images import PixelBoundsError, load_image_processor, pr
 from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
+from seqpack.data.tokenizer import check_tokenizer_type
 from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_inputs_outside, check_output_dir
@@ -193,10 +194,12 @@ class PackJob:
 
         Raises:
             PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
+            TypeError: ``tokenizer`` is neither a name/path nor a loaded tokenizer.
             FileExistsError: ``output`` exists and ``overwrite`` is False, or an input lies inside it.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """
         m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
+        check_tokenizer_type(tokenizer)
         try:
             algo = resolve_algorithm(algorithm)
         except ValueError as e:
