@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["compute_pad_multiple", "round_up", "seq_length_problem", "check_seq_length"]
+__all__ = ["compute_pad_multiple", "round_up", "seq_length_problem", "check_seq_length", "check_positive_int"]
 
 
 def compute_pad_multiple(
@@ -74,6 +74,26 @@ def round_up(lengths, multiple: int):
         return -(-int(lengths) // multiple) * multiple
     arr = np.asarray(lengths, dtype=np.int64)
     return -(-arr // multiple) * multiple
+
+
+def check_positive_int(value: Any, name: str = "seq_length", *, error: type[Exception] = ValueError) -> int:
+    """Return ``value`` as an ``int`` when it is an integer >= 1; refuse bool, float, str and ``None``.
+
+    Args:
+        value: the given length (``int`` or a numpy integer).
+        name: the keyword the message names (``"seq_length"``, ``"capacity"``).
+        error: the exception class to raise (a ``ValueError`` subclass of the calling layer).
+
+    Raises:
+        error: ``value`` is not an integer >= 1, with ``"<name> must be an integer >= 1, got <value!r>"``.
+
+    Example:
+        >>> check_positive_int(np.int64(128))
+        128
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise error(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def seq_length_problem(

@@ -272,3 +272,38 @@ def test_offline_and_in_batch_flags_mutually_exclusive(flags, text):
     assert v.rule == "packing_modes_exclusive"
     assert {"packed_sequence", "pack_sequences_in_batch"} <= set(v.keys)
     assert text in v.problem
+
+
+def test_a_key_given_twice_is_a_parse_violation(tmp_path):
+    y = tmp_path / "dup.yaml"
+    y.write_text("tokenizer: qwen3\npacking: offline\nseq_length: 2048\nseq_length: 8192\n")
+    with pytest.raises(ConfigValidationError) as e:
+        PackingConfig.from_file(y)
+    [v] = e.value.violations
+    assert (v.rule, v.keys, v.problem, v.fix) == (
+        "parse", ("seq_length",), "key 'seq_length' is given twice (lines 3 and 4); the second value would silently win",
+        "keep one")
+    j = tmp_path / "dup.json"
+    j.write_text('{"seq_length": 4096, "seq_length": 1024}')
+    with pytest.raises(ConfigValidationError) as e:
+        PackingConfig.from_file(j)
+    [v] = e.value.violations
+    assert (v.rule, v.problem, v.fix) == (
+        "parse", "key 'seq_length' is given twice; the second value would silently win", "keep one")
+    # a YAML merge key overrides by design and stays allowed
+    m = tmp_path / "merge.yaml"
+    m.write_text("base: &b {seq_length: 2048}\n")
+    with pytest.raises(ConfigValidationError) as e:  # unknown key 'base', not a duplicate
+        PackingConfig.from_file(m)
+    assert "given twice" not in str(e.value)
+
+
+def test_cli_validate_refuses_a_key_given_twice(tmp_path):
+    import subprocess
+    import sys
+
+    y = tmp_path / "dup.yaml"
+    y.write_text("tokenizer: qwen3\npacking: offline\nseq_length: 2048\nseq_length: 8192\n")
+    r = subprocess.run([sys.executable, "-m", "seqpack", "validate", str(y)], capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "key 'seq_length' is given twice (lines 3 and 4)" in r.stdout + r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -53,3 +54,11 @@ def test_prepare_progress_total_counts_lone_cr_lines(tmp_path, qwen3_tokenizer):
     calls = []
     samples, _ = prepare(p, qwen3_tokenizer, seq_length=128, progress=lambda *a: calls.append(a))
     assert len(samples) == 3 and calls and all(total == 3 for _, _, total in calls)
+
+
+@pytest.mark.parametrize("bad", [True, 128.9, "128", "abc", None, 0])
+def test_prepare_refuses_a_seq_length_that_is_not_an_integer(bad, qwen3_tokenizer):
+    src = Path(__file__).resolve().parents[2] / "src/seqpack/resources/sample_chat.jsonl"
+    with pytest.raises(ValueError) as e:
+        prepare(src, qwen3_tokenizer, seq_length=bad)
+    assert str(e.value) == f"seq_length must be an integer >= 1, got {bad!r}"

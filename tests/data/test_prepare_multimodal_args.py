@@ -149,8 +149,10 @@ def test_unsupported_arguments_are_named(tmp_path):
         prepare_multimodal(p, "qwen3", seq_length=1024, maxpixels=3)
     with pytest.raises(TypeError, match=r"unsupported argument\(s\) keep_image_placeholders, sink\."):
         prepare_multimodal(p, "qwen3", seq_length=1024, sink=print, keep_image_placeholders=True)
-    with pytest.raises(ValueError, match="seq_length must be >= 1, got 0"):
-        prepare_multimodal(p, "qwen3", seq_length=0)
+    for bad in (0, True, 1024.5, "1024"):
+        with pytest.raises(ValueError) as e:
+            prepare_multimodal(p, "qwen3", seq_length=bad)
+        assert str(e.value) == f"seq_length must be an integer >= 1, got {bad!r}"
     with pytest.raises(ValueError, match=r"overlength='cut' is not one of"):
         prepare_multimodal(p, "qwen3", seq_length=1024, overlength="cut")
     # prepare()'s own options pass through: train_on="all" trains the prompt tokens too

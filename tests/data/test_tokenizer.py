@@ -65,3 +65,22 @@ def test_hub_tokenizer_cache_first_then_one_quiet_online_attempt(monkeypatch):
     assert calls == [True]
     with pytest.raises(TokenizerError, match="tokenizer folder './nope' does not exist"):
         load_tokenizer("./nope")
+
+
+@pytest.mark.parametrize("bad, kind", [(5, "int"), (None, "NoneType"), ([1], "list")])
+def test_a_wrong_tokenizer_type_is_refused_naming_the_type(tmp_path, bad, kind):
+    from pathlib import Path
+
+    from seqpack.data import prepare
+    from seqpack.pipeline import pack_dataset
+
+    want = ("tokenizer must be a name ('qwen3'), a tokenizer folder, or a loaded transformers tokenizer; "
+            f"got {kind}")
+    src = Path(__file__).resolve().parents[2] / "src/seqpack/resources/sample_chat.jsonl"
+    with pytest.raises(TypeError) as e:
+        prepare(src, bad, seq_length=128)
+    assert str(e.value) == want
+    with pytest.raises(TypeError) as e:
+        pack_dataset([src], tmp_path / "o", tokenizer=bad, seq_length=128)
+    assert str(e.value) == want
+    assert not (tmp_path / "o").exists()  # refused before any output is written

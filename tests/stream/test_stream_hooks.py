@@ -36,3 +36,12 @@ def test_energon_hooks_select_and_pack():
         select_samples_to_pack(samples, capacity=380)
     kept = select_samples_to_pack(samples, capacity=380, overlength="drop")
     assert "s3" not in {s.sample_id for g in kept for s in g}
+
+
+@pytest.mark.parametrize("bad", [True, 1024.0, "1024", None])
+def test_streaming_packer_refuses_a_capacity_that_is_not_an_integer(bad):
+    from seqpack.stream import StreamingPacker
+
+    with pytest.raises(ValueError) as e:
+        StreamingPacker(make_samples([10, 20]), bad)
+    assert str(e.value) == f"capacity must be an integer >= 1, got {bad!r}"

@@ -10,7 +10,6 @@ ranges; :meth:`PackingConfig.validate` checks the cross-key rules and raises ONE
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 import typing
@@ -21,7 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
 from seqpack.algorithms import resolve_algorithm
-from seqpack.config.errors import ConfigValidationError, Violation, parse_problem
+from seqpack.config.errors import ConfigValidationError, Violation
 from seqpack.config.options import (
     ALGORITHM_VALUES,
     DEFAULT_ALGORITHM_VALUE,
@@ -29,6 +28,7 @@ from seqpack.config.options import (
     AttentionBackend,
     PackingMode,
 )
+from seqpack.config.parse import parse_file
 from seqpack.config.packed_data import PackedDataCheck, check_packed_data, pack_options
 from seqpack.config.registry import ModelFamily, load_registry
 from seqpack.config.rules import run_rules
@@ -340,14 +340,14 @@ class PackingConfig(BaseModel):
     def from_yaml(cls, path: str | Path) -> PackingConfig:
         """Load a YAML file (a flat mapping of config keys). Raises ConfigValidationError."""
         p = Path(path)
-        data = _parse_file(p, yaml.safe_load, yaml.YAMLError, "YAML")
+        data = parse_file(p, "YAML")
         return cls.from_dict(data if data is not None else {}, source=str(p))
 
     @classmethod
     def from_json(cls, path: str | Path) -> PackingConfig:
         """Load a JSON file (an object of config keys). Raises ConfigValidationError."""
         p = Path(path)
-        return cls.from_dict(_parse_file(p, json.loads, json.JSONDecodeError, "JSON"), source=str(p))
+        return cls.from_dict(parse_file(p, "JSON"), source=str(p))
 
     @classmethod
     def from_file(cls, path: str | Path) -> PackingConfig:
@@ -381,17 +381,3 @@ class PackingConfig(BaseModel):
     def to_yaml(self) -> str:
         """YAML text of :meth:`to_dict`, keys in field order."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-def _parse_file(p: Path, loads: Any, error: type[Exception], kind: str) -> Any:
-    """Read ``p`` as UTF-8 and parse it with ``loads``; a parse ``error`` becomes a ConfigValidationError
-    (check ``"parse"``, naming the file) whose message says which format (``kind``) was expected."""
-    try:
-        return loads(p.read_text(encoding="utf-8"))
-    except error as e:
-        raise ConfigValidationError(
-            [Violation("parse", ("<file>",), f"not valid {kind}{parse_problem(e)}",
-                       f"fix the {kind} syntax at the line shown")],
-            source=str(p),
-        ) from None
-

@@ -23,6 +23,7 @@ from seqpack.data.sources import (
     iter_records,
 )
 from seqpack.data.tokenizer import resolve_tokenizer
+from seqpack.padding import check_positive_int
 from seqpack.data.workers import ChunkSettings, PreparePool
 from seqpack.sample import Sample
 
@@ -125,9 +126,7 @@ def prepare(
         raise ValueError(f"on_error={on_error!r} is not one of {ON_ERROR}")
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on={train_on!r} is not one of {TRAIN_ON}")
-    if int(seq_length) < 1:
-        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
-    seq_length = int(seq_length)
+    seq_length = check_positive_int(seq_length, "seq_length")
     if format is not None and format not in FORMATS:
         raise ValueError(f"format={format!r} is not one of {FORMATS} (or None to detect per record)")
     tokenizer = resolve_tokenizer(tokenizer)

@@ -183,6 +183,23 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, require_chat_template: bo
     return tok
 
 
+def check_tokenizer_type(tokenizer: Any) -> None:
+    """Refuse a ``tokenizer`` argument that is neither a name/folder nor a loaded tokenizer.
+
+    Accepted: ``str`` / ``os.PathLike`` (a name such as ``"qwen3"``, a tokenizer folder, a hub id), or an
+    object that looks like a ``transformers`` tokenizer (callable, with ``get_vocab``). Nothing is loaded.
+
+    Raises:
+        TypeError: anything else (``None``, an ``int``...), naming the type received and what is accepted.
+    """
+    if isinstance(tokenizer, (str, os.PathLike)) or (callable(tokenizer) and hasattr(tokenizer, "get_vocab")):
+        return
+    raise TypeError(
+        "tokenizer must be a name ('qwen3'), a tokenizer folder, or a loaded transformers tokenizer; "
+        f"got {type(tokenizer).__name__}"
+    )
+
+
 def resolve_tokenizer(tokenizer: Any, *, require_chat_template: bool = True):
     """The tokenizer object for a tokenizer or its name: what every data entry point accepts.
 
@@ -195,6 +212,7 @@ def resolve_tokenizer(tokenizer: Any, *, require_chat_template: bool = True):
         the tokenizer object.
 
     Raises:
+        TypeError: ``tokenizer`` is neither a name/path nor a tokenizer (:func:`check_tokenizer_type`).
         TokenizerError: the name cannot be loaded (:func:`load_tokenizer`), or there is no chat template
             while ``require_chat_template``.
 
@@ -203,6 +221,7 @@ def resolve_tokenizer(tokenizer: Any, *, require_chat_template: bool = True):
         tok = resolve_tokenizer("qwen3")          # same object type as load_tokenizer("qwen3")
         assert resolve_tokenizer(tok) is tok
     """
+    check_tokenizer_type(tokenizer)
     if isinstance(tokenizer, (str, os.PathLike)):
         return load_tokenizer(tokenizer, require_chat_template=require_chat_template)
     if require_chat_template and not getattr(tokenizer, "chat_template", None):

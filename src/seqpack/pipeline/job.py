@@ -25,10 +25,11 @@ from seqpack.data.media.images import PixelBoundsError, load_image_processor, pr
 from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
 from seqpack.data.sources import dedupe_paths, expand_inputs
+from seqpack.data.tokenizer import check_tokenizer_type
 from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_inputs_outside, check_output_dir
-from seqpack.padding import check_seq_length, compute_pad_multiple
+from seqpack.padding import check_positive_int, check_seq_length, compute_pad_multiple
 
 __all__ = [
     "NothingToPackError",
@@ -193,10 +194,12 @@ class PackJob:
 
         Raises:
             PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
+            TypeError: ``tokenizer`` is neither a name/path nor a loaded tokenizer.
             FileExistsError: ``output`` exists and ``overwrite`` is False, or an input lies inside it.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.
         """
         m = _check_capacity(seq_length, pad_to_multiple_of, context_parallel_size)
+        check_tokenizer_type(tokenizer)
         try:
             algo = resolve_algorithm(algorithm)
         except ValueError as e:
@@ -260,8 +263,7 @@ def _check_capacity(seq_length: int, pad_to_multiple_of: int, context_parallel_s
     Raises:
         PackConfigError: any of the above.
     """
-    if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise PackConfigError(f"seq_length must be an integer >= 1, got {seq_length!r}")
+    check_positive_int(seq_length, "seq_length", error=PackConfigError)
     if seq_length > np.iinfo(np.int32).max:
         raise PackConfigError(
             f"seq_length={seq_length} does not fit the int32 boundary arrays "

@@ -157,6 +157,7 @@ def pack_dataset(
             multiple (case B23: capacity 150 with CP=2) or above the planner's capacity limit; checked
             before any data is read.
         NothingToPackError: every record was dropped or skipped (nothing is written).
+        TypeError: ``tokenizer`` is neither a name/path nor a loaded tokenizer (checked before any work).
         FileExistsError: ``output`` exists and ``overwrite`` is False (checked before any work);
             ``seqpack.io.OutputBusyError`` (a FileExistsError): another run is writing ``output``.
         PermissionError: the output's parent is not writable, or ``overwrite`` would replace a dataset

@@ -20,7 +20,7 @@ import numpy as np
 
 from seqpack.algorithms import pack_lengths, resolve_algorithm
 from seqpack.packed import PackedSequence, build_packed_sequence
-from seqpack.padding import check_seq_length, round_up
+from seqpack.padding import check_positive_int, check_seq_length, round_up
 
 __all__ = ["pack_selected_samples", "sample_length", "select_samples_to_pack"]
 
@@ -87,8 +87,7 @@ def first_names(bad, item_of, lens, padded, keys=None) -> str:
 def check_capacity(capacity: int, mult: int) -> None:
     """Raise ``ValueError`` unless ``capacity`` and ``mult`` are integers >= 1 and ``capacity % mult == 0``
     (the one check and message of :func:`seqpack.padding.check_seq_length`)."""
-    if int(capacity) != capacity or capacity < 1:
-        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+    check_positive_int(capacity, "capacity")
     if int(mult) != mult or mult < 1:
         raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {mult!r}")
     check_seq_length(capacity, mult, {"pad_to_multiple_of": mult}, name="capacity")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from seqpack.padding import check_positive_int
 from seqpack.data.length_policy import OverlengthError, apply_overlength, check_overlength, trainable_mask
 from seqpack.data.media.images import load_image_processor
 from seqpack.data.media.placeholders import _record, expand_image_placeholders, sample_where
@@ -292,8 +293,7 @@ def prepare_multimodal(
             f"{', '.join(allowed)}"
         )
     check_overlength(overlength)
-    if int(seq_length) < 1:
-        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    seq_length = check_positive_int(seq_length, "seq_length")
     tokenizer = resolve_tokenizer(tokenizer)
     proc = load_image_processor(image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
     samples, report = prepare(
