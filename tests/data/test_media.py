@@ -156,6 +156,7 @@ def test_overlength_policy_never_cuts_inside_an_image_run(qwen3_tokenizer, vt, p
     # truncation would leave only prompt tokens -> dropped, reported
     t, rec = expand_image_placeholders(s, tok, proc, seq_length=cut_inside, overlength="truncate")
     assert t is None and rec.reason == "no_trainable_tokens"
+    assert rec.tokens_before == len(full.input_ids) > cut_inside and rec.tokens_after < cut_inside  # before the cut
     # put the answer first so a truncated sample keeps trained tokens
     s2 = text_sample(tok, "hi", "Answer " * 5 + "<image> and <image>", imgs, sid="ans")
     f2, _ = expand_image_placeholders(s2, tok, proc)

@@ -254,3 +254,23 @@ def test_a_damaged_report_line_names_the_file_line_and_fix(packed, tmp_path, lin
                              f"re-pack, or check it with `seqpack inspect {ds} --verify`")
     report.write_text("".join(json.dumps(e) + "\n" for e in good), encoding="utf-8")
     assert load_packed(ds).report() == good  # the packer's own lines read back as written
+
+
+def test_a_report_line_that_is_not_utf8_is_named(packed, tmp_path):
+    ds = _copy(packed, tmp_path)
+    report = ds / "report.jsonl"
+    n = len(report.read_bytes().splitlines()) + 1
+    with open(report, "ab") as f:
+        f.write(b'{"sample_id": "a\xff", "status": "dropped", "reason": "overlength"}\n')
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(ds).report()
+    assert str(ei.value).startswith(f"{report} line {n}: not valid UTF-8 (byte 0xff at byte column 17). ")
+
+
+def test_every_report_field_has_a_known_json_type():
+    from dataclasses import fields
+
+    from seqpack.accounting import SampleRecord
+    from seqpack.io.report_file import _FIELD_TYPES
+
+    assert {str(f.type) for f in fields(SampleRecord)} <= set(_FIELD_TYPES)  # a new field type needs its entry

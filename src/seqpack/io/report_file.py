@@ -53,7 +53,7 @@ def read_report(path: str | os.PathLike) -> list[dict[str, Any]]:
     ``status``, ``reason``, ``detail``, ``tokens_before``, ``tokens_after``). A missing file reads as ``[]``.
 
     Raises:
-        PackedDatasetError: a line is not JSON, not an object, or lacks / mistypes a field; the message
+        PackedDatasetError: a line is not UTF-8, not JSON, not an object, or lacks / mistypes a field; the message
             names the file, the line number and what is wrong, e.g.
             ``DIR/report.jsonl line 13: not JSON (Expecting value at column 1). report.jsonl was edited or
             damaged after packing; re-pack, or check it with `seqpack inspect DIR --verify```.
@@ -65,14 +65,16 @@ def read_report(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not p.is_file():
         return []
     out = []
-    with open(p, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                d = json.loads(line)
+                d = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                problem: str | None = f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte column {exc.start + 1})"
             except json.JSONDecodeError as exc:
-                problem: str | None = f"not JSON ({exc.msg} at column {exc.colno})"
+                problem = f"not JSON ({exc.msg} at column {exc.colno})"
             else:
                 problem = _line_problem(d)
             if problem is not None:

@@ -37,9 +37,15 @@ __all__ = [
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
-def _row(x, name):
+def _torch():
+    """``torch``, imported on first use (this module is light); a missing torch names this module and the fix."""
     with torch_hint("seqpack.packed.masks"):
         import torch
+    return torch
+
+
+def _row(x, name):
+    torch = _torch()
 
     if x is None:
         raise ValueError(f"{name} is required")
@@ -67,8 +73,7 @@ def segment_starts(seq_idx):
     ``arange(T) - segment_starts(seq_idx)`` is every slot's offset inside its own segment (its slot
     index if the sample ran alone).
     """
-    with torch_hint("seqpack.packed.masks.segment_starts()"):
-        import torch
+    torch = _torch()
 
     s = _row(seq_idx, "seq_idx")
     return torch.searchsorted(s.contiguous(), s.contiguous(), right=False)
@@ -147,8 +152,7 @@ def dense_block_causal_mask(seq_idx, padding_mask=None, *, sliding_window: int |
     Raises:
         ValueError: a field that is not one row; a non-positive window or chunk.
     """
-    with torch_hint("seqpack.packed.masks.dense_block_causal_mask()"):
-        import torch
+    torch = _torch()
 
     s = _row(seq_idx, "seq_idx")
     T = s.shape[0]
@@ -172,8 +176,7 @@ def additive_mask(allowed, dtype=None):
         allowed: bool tensor (True = attend), any shape.
         dtype: floating dtype (default float32; use the model's compute dtype).
     """
-    with torch_hint("seqpack.packed.masks.additive_mask()"):
-        import torch
+    torch = _torch()
 
     dtype = dtype or torch.float32
     out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
@@ -192,8 +195,7 @@ class SegmentCausalMaskMod:
     """
 
     def __init__(self, seq_idx, padding_mask, sliding_window: int | None = None, chunk_size: int | None = None):
-        with torch_hint("seqpack.packed.masks.SegmentCausalMaskMod"):
-            import torch
+        torch = _torch()
 
         _check_sizes(sliding_window, chunk_size)
         self.seq_idx = seq_idx
@@ -219,8 +221,8 @@ def flex_block_mask(seq_idx, padding_mask, *, device=None, block_size: int = 128
         block_size: FlexAttention block size (tokens).
         sliding_window, chunk_size: the layer's window / chunk in tokens; None = full causal.
     """
-    with torch_hint("seqpack.packed.masks.flex_block_mask()"):
-        from torch.nn.attention.flex_attention import create_block_mask
+    _torch()
+    from torch.nn.attention.flex_attention import create_block_mask
 
     seq, pad = _row(seq_idx, "seq_idx"), _row(padding_mask, "padding_mask")
     if device is not None:
@@ -242,8 +244,7 @@ def flash_attn_kwargs(cu_seqlens_padded, max_seqlen: int) -> dict[str, Any]:
         ``{"cu_seq_lens_q": int32 [N+1], "cu_seq_lens_k": int32 [N+1], "max_length_q": int,
         "max_length_k": int}``; pass ``position_ids`` alongside and no ``attention_mask``.
     """
-    with torch_hint("seqpack.packed.masks.flash_attn_kwargs()"):
-        import torch
+    torch = _torch()
 
     cu = torch.as_tensor(cu_seqlens_padded).to(torch.int32).contiguous()
     m = int(max_seqlen)
@@ -281,8 +282,7 @@ def attention_inputs(seq_idx, padding_mask, cu_seqlens_padded, max_seqlen: int, 
         ValueError: unknown ``attn_implementation``; a non-positive window or chunk; ``chunk_size`` under
             flash-attn with a segment longer than one chunk (flash-attn cannot restrict attention to chunks).
     """
-    with torch_hint("seqpack.packed.masks.attention_inputs()"):
-        import torch
+    torch = _torch()
 
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}")

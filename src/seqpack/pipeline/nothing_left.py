@@ -11,10 +11,10 @@ __all__ = ["lost_to_truncation", "nothing_left_fixes"]
 
 def lost_to_truncation(entry: SampleRecord, seq_length: int) -> bool:
     """Whether ``entry`` is a record dropped for no trainable token because truncating it to
-    ``seq_length`` cut its trained tokens (text: it had ``tokens_before > seq_length``; media: the
-    detail names the truncation), not one that had none to begin with."""
+    ``seq_length`` cut its trained tokens (it had ``tokens_before > seq_length``, text and media alike),
+    not one that had none to begin with."""
     return entry.status == "dropped" and entry.reason == "no_trainable_tokens" and (
-        (entry.tokens_before or 0) > seq_length or "truncation at" in entry.detail)
+        (entry.tokens_before or 0) > seq_length)
 
 
 def nothing_left_fixes(job: PackJob, report: PrepareReport) -> list[str]:

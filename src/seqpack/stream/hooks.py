@@ -88,8 +88,7 @@ def check_capacity(capacity: int, mult: int) -> None:
     """Raise ``ValueError`` unless ``capacity`` and ``mult`` are integers >= 1 and ``capacity % mult == 0``
     (the one check and message of :func:`seqpack.padding.check_seq_length`)."""
     check_positive_int(capacity, "capacity")
-    if int(mult) != mult or mult < 1:
-        raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {mult!r}")
+    check_positive_int(mult, "pad_to_multiple_of")
     check_seq_length(capacity, mult, {"pad_to_multiple_of": mult}, name="capacity")
 
 

@@ -143,7 +143,7 @@ _KEY_HOLDS = {"messages": "a list of messages", "conversations": "a list of mess
               "output": "a string"}
 
 
-def _null_key_error(rec: dict, key: str, fmt: str, ctx: _Ctx, detected: str | None = None) -> DataFormatError:
+def _null_key_error(key: str, fmt: str, ctx: _Ctx, detected: str | None = None) -> DataFormatError:
     """The error for a record whose required ``key`` is present but JSON null, the same whether ``fmt`` was
     detected or forced: reason ``"bad_content_type"`` (a null value is the wrong type, not a missing key).
     ``detected``: the format the record looks like, named in the fix when it is not ``fmt``."""
@@ -161,11 +161,11 @@ def _near_miss(rec: dict, ctx: _Ctx) -> None:
     that names that key (else returns)."""
     for key, fmt in (("messages", "openai"), ("conversations", "sharegpt")):
         if key in rec:  # present but null (a non-null value would have been detected)
-            raise _null_key_error(rec, key, fmt, ctx)
+            raise _null_key_error(key, fmt, ctx)
     has = [k for k in ("instruction", "output") if _present(rec, k)]
     nulls = [k for k in ("instruction", "output") if k in rec and rec[k] is None]
     if nulls and (has or len(nulls) == 2):
-        raise _null_key_error(rec, nulls[0], "alpaca", ctx)
+        raise _null_key_error(nulls[0], "alpaca", ctx)
     if len(has) == 1:
         other = "output" if has == ["instruction"] else "instruction"
         raise ctx.err(f"'{other}' is missing; an alpaca record needs both 'instruction' and 'output' (record keys: "
@@ -182,7 +182,7 @@ def _check_forced_keys(rec: dict, fmt: str, detected: str | None, ctx: _Ctx) -> 
             continue
         null = next((k for k in alternatives if k in rec), None)
         if null is not None:
-            raise _null_key_error(rec, null, fmt, ctx, detected)
+            raise _null_key_error(null, fmt, ctx, detected)
         key = " or ".join(repr(k) for k in alternatives)
         if detected is not None and detected != fmt:
             hint = f" (record looks like the {detected!r} format; use --format auto, or format=None in Python)"

@@ -283,11 +283,12 @@ def expand_image_placeholders(
         return None, _record(sample, "dropped", reason, detail, len(out_ids), None)
     if cut < len(out_ids):
         keep_imgs = sum(1 for s, _ in run_spans if s < cut)
+        before = len(out_ids)
         out_ids, out_labels = out_ids[:cut], out_labels[:cut]  # labels[cut-1] keeps its target (case B12)
         if cut == 0 or not np.any(out_labels != IGNORE_INDEX):
             return None, _record(
                 sample, "dropped", "no_trainable_tokens", detail + f"; truncation at {cut} leaves no trained token",
-                len(out_ids), cut,
+                before, cut,
             )
         rows = int(np.prod(grid[:keep_imgs], axis=1).sum())
         pixel_values, grid, imgs = pixel_values[:rows], grid[:keep_imgs], imgs[:keep_imgs]
