@@ -113,6 +113,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3n_text": {"num_kv_shared_layers": 2},
     # its sliding-window layers check head_dim == qk_nope_head_dim + qk_rope_head_dim
     **dict.fromkeys(("dots3_note_text", "dots3_note"), {"head_dim": 2 * HEAD_DIM}),
+    # one sliding layer, an indexer layer and an indexed layer reading the indexer's K/V (the default's pattern
+    # repeats every 5 layers); head_dim a multiple of 16 (its NVFP4 K/V rounding); a token budget and pool below
+    # the samples so that the top-k selection runs
+    "kolibri1_1": {"num_hidden_layers": 3, "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention"],
+                   "kv_source_layers": [0, 1, 1], "index_layers": [1], "mlp_only_layers": [0], "head_dim": 2 * HEAD_DIM,
+                   "index_num_heads": 2, "index_topk": 3, "index_pool_size": 8, "index_compression": 2,
+                   "index_num_local_tokens": 2, "index_num_sink_tokens": 1},
 }
 
 

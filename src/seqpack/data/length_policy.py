@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seqpack.accounting import SampleRecord
+from seqpack.padding import check_positive_int
 from seqpack.sample import IGNORE_INDEX, Sample, shift_labels
 
 __all__ = [
@@ -142,11 +143,10 @@ def apply_overlength(
 
     Raises:
         OverlengthError: ``overlength="error"`` and ``L > seq_length``.
-        ValueError: unknown policy or ``seq_length < 1``.
+        ValueError: unknown policy or ``seq_length`` not an integer >= 1.
     """
     check_overlength(overlength)
-    if seq_length < 1:
-        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    seq_length = check_positive_int(seq_length)
     ids = np.asarray(input_ids, dtype=np.int32)
     tr = np.asarray(trainable, dtype=bool)
     n = int(ids.shape[0])

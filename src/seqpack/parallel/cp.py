@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from seqpack.packed import PackedSequence, trim_cu_seqlens
-from seqpack.padding import check_seq_length, compute_pad_multiple
+from seqpack.padding import check_positive_int, check_seq_length, compute_pad_multiple
 from seqpack.sample import TOKEN_FIELDS
 
 __all__ = [
@@ -80,10 +80,8 @@ def check_divisibility(
         CPConfigError: ``seq_length % multiple != 0``; the message names ``seq_length``, the keys
             behind the multiple, and the two nearest valid capacities.
     """
-    if multiple < 1:
-        raise CPConfigError(f"pad multiple must be >= 1, got {multiple}")
-    if seq_length < 1:
-        raise CPConfigError(f"seq_length must be >= 1, got {seq_length}")
+    check_positive_int(multiple, "pad multiple", error=CPConfigError)
+    check_positive_int(seq_length, error=CPConfigError)
     check_seq_length(
         seq_length, multiple,
         {"pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size,
