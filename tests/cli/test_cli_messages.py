@@ -95,3 +95,21 @@ def test_an_invalid_config_points_at_the_problems_listed_above(tmp_path):
         assert _error(r, 2) == ("--config qwen2_5_vl_sft is not a valid packing config (its problems are "
                                 "listed above; `seqpack validate qwen2_5_vl_sft` checks it)")
         assert "table" not in r.output
+
+
+def test_a_quoted_number_in_a_config_is_refused_by_validate_and_pack(tmp_path):
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text('tokenizer: qwen3\npacking: offline\nseq_length: "4096"\n')
+    r = CliRunner(env={"COLUMNS": "80", "NO_COLOR": "1"}).invoke(app, ["validate", str(cfg)])  # numbered entries
+    assert r.exit_code == 1 and "OK" not in r.stdout
+    text = " ".join(r.stderr.split())
+    assert ("keys: seq_length problem: seq_length is the text '4096' (quoted), not an integer fix: remove the "
+            "quotes: `seq_length: 4096`") in text
+    r = _run("pack", "--config", cfg, "-o", tmp_path / "o", "-q")
+    assert r.exit_code == 2 and "remove the quotes: `seq_length: 4096`" in " ".join(r.output.split())
+    assert not (tmp_path / "o").exists()
+    # the shipped recipes keep validating (every number and on/off key unquoted)
+    from seqpack.config import list_recipes
+
+    for name in list_recipes():
+        assert _run("validate", name).exit_code == 0, name
