@@ -180,7 +180,7 @@ def test_a_boolean_is_no_number(key, value):
     ("tokenizer: 5", "tokenizer is an integer (5), not text", "write the text in quotes: `tokenizer: '5'`"),
     ("train_on: last", "train_on must be one of assistant, all (or null), got 'last'",
      "set train_on to one of the names listed, e.g. `train_on: assistant`"),
-    ("packed_sequence: 'false'", "packed_sequence is 'false', not true or false",
+    ("packed_sequence: 'false'", "packed_sequence must be true or false, got 'false'",
      "write `packed_sequence: true` or `packed_sequence: false`, without quotes"),
 ])
 def test_a_refused_value_is_worded_for_the_file_with_the_value_to_write(tmp_path, text, problem, fix):

@@ -153,7 +153,7 @@ class PackingConfig(BaseModel):
         data = dict(data)
         for key in ("packed_sequence", "pack_sequences_in_batch"):
             if not isinstance(data.get(key, False), bool):
-                raise PydanticCustomError("packing_flag_type", "{key} is {value}, not true or false",
+                raise PydanticCustomError("packing_flag_type", "{key} must be true or false, got {value}",
                                           {"key": key, "value": repr(data[key])})
         offline = data.pop("packed_sequence", False)
         in_batch = data.pop("pack_sequences_in_batch", False)
