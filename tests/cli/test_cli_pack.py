@@ -216,7 +216,7 @@ def test_summary_rows_show_gap_to_lower_bound_and_reasons():
 
 def test_engine_option_errors_are_user_errors(tmp_path):
     out = _user_error(_run("pack", "--output", tmp_path / "x", "--engine", "spark", "--quiet"), 2)
-    assert "--engine 'spark' is not an engine" in out and "local, ray" in out and "key:" not in out
+    assert "--engine spark is not an engine" in out and "local, ray" in out and "key:" not in out
     out = _user_error(_run("pack", "--output", tmp_path / "y", "--num-cpus", "2", "--quiet"), 2)
     assert "--engine ray only" in out
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

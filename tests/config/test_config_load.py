@@ -151,8 +151,59 @@ def test_a_boolean_is_no_number(key, value):
     with pytest.raises(ConfigValidationError) as ei:
         PackingConfig.from_dict({key: value})
     v = ei.value.violations[0]
-    assert (v.keys, v.rule) == ((key,), "schema") and "expected a number, not a boolean" in v.problem
+    what = "a number" if key == "moe_aux_loss_coeff" else "an integer"
+    assert (v.keys, v.rule) == ((key,), "schema")
+    assert v.problem == f"{key} is a boolean ({str(value).lower()}), not {what}"
     assert PackingConfig.from_dict({"pad_to_max_length": True}).pad_to_max_length is True
+
+
+@pytest.mark.parametrize("text, problem, fix", [
+    ('seq_length: "4096"', "seq_length is the text '4096' (quoted), not an integer",
+     "remove the quotes: `seq_length: 4096`"),
+    ("context_parallel_size: '2'", "context_parallel_size is the text '2' (quoted), not an integer",
+     "remove the quotes: `context_parallel_size: 2`"),
+    ('sequence_parallel: "true"', "sequence_parallel is the text 'true' (quoted), not true or false",
+     "remove the quotes: `sequence_parallel: true`"),
+    ('sequence_parallel: "yes"', "sequence_parallel is text ('yes'), not true or false",
+     "set sequence_parallel to true or false, e.g. `sequence_parallel: false`"),
+    ("pad_to_max_length: 1", "pad_to_max_length is an integer (1), not true or false",
+     "set pad_to_max_length to true or false, e.g. `pad_to_max_length: false`"),
+    ('moe_aux_loss_coeff: "0.01"', "moe_aux_loss_coeff is the text '0.01' (quoted), not a number",
+     "remove the quotes: `moe_aux_loss_coeff: 0.01`"),
+    ("seq_length: 4096.0", "seq_length is a decimal number (4096.0), not an integer",
+     "set seq_length to an integer, e.g. `seq_length: 4096`"),
+    ("seq_length: -8", "seq_length must be >= 1, got -8", "set seq_length to an integer >= 1, e.g. `seq_length: 4096`"),
+    ("global_batch_size: 0", "global_batch_size must be >= 1, got 0",
+     "set global_batch_size to an integer >= 1, e.g. `global_batch_size: 1`"),
+    ("packing: offlin", "packing is 'offlin'; choose one of: offline, in_batch, streaming, none",
+     "did you mean `packing: offline`?"),
+    ("tokenizer: 5", "tokenizer is an integer (5), not text", "write the text in quotes: `tokenizer: '5'`"),
+    ("train_on: last", "train_on must be one of assistant, all (or null), got 'last'",
+     "set train_on to one of the names listed, e.g. `train_on: assistant`"),
+    ("packed_sequence: 'false'", "packed_sequence must be true or false, got 'false'",
+     "write `packed_sequence: true` or `packed_sequence: false`, without quotes"),
+])
+def test_a_refused_value_is_worded_for_the_file_with_the_value_to_write(tmp_path, text, problem, fix):
+    """Numbers and on/off keys are strict (a quoted "4096" is text, as the metadata check reads it); each
+    problem says what the value is, and the fix gives the line to write."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_file(path)
+    (v,) = ei.value.violations
+    assert (v.rule, v.problem, v.fix) == ("schema", problem, fix)
+
+
+def test_an_unknown_algorithm_names_the_choices_once_without_pydantics_prefix():
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({"algorithm": "ffd"})
+    (v,) = ei.value.violations
+    assert v.problem.startswith("unknown packing algorithm 'ffd'; choose one of: concatenative, ")
+    assert "Value error" not in v.problem and "(got" not in v.problem
+    assert v.fix == f"set algorithm to one of the names listed, e.g. `algorithm: {DEFAULT_ALGORITHM.value}`"
+    with pytest.raises(ConfigValidationError) as ei:
+        PackingConfig.from_dict({"algorithm": "first_fit_shufle"})
+    assert ei.value.violations[0].fix == "did you mean `algorithm: first_fit_shuffle`?"
 
 
 def test_python_construction_and_assignment_are_type_checked():

@@ -414,4 +414,4 @@ def test_records_truncated_to_no_trainable_token_point_at_the_length_not_train_o
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert r.stderr.rstrip("\n").split("Fix: ")[1] == (
         "records truncated to --seq-length 64 kept no trainable token: raise --seq-length 64, or set "
-        "--overlength 'split' (keeps every token) or --overlength 'drop'")
+        "--overlength split (keeps every token) or --overlength drop")

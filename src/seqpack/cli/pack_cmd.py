@@ -140,13 +140,15 @@ def pack(
     from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from seqpack.pipeline import cli_message, get_engine  # defers pyarrow (io writer) until the command runs
+    from seqpack.pipeline import cli_error_text, cli_message, get_engine  # defers pyarrow (io writer)
 
+    from_config: dict = {}  # the options --config set (not overridden by a flag): errors name the file's keys
     if config is not None:
         given = {"output": output, "tokenizer": tokenizer, "seq_length": seq_length, "algorithm": algorithm,
                  "pad_to_multiple_of": pad_to_multiple_of, "context_parallel_size": context_parallel_size,
                  "train_on": train_on}
-        given.update(_config_options(ctx, config, given))
+        from_config = _config_options(ctx, config, given)
+        given.update(from_config)
         output, tokenizer, seq_length, algorithm = given["output"], given["tokenizer"], given["seq_length"], given["algorithm"]
         pad_to_multiple_of, context_parallel_size = given["pad_to_multiple_of"], given["context_parallel_size"]
         train_on = given["train_on"]
@@ -203,7 +205,7 @@ def pack(
             raise
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             _fail(_disk_full_text(exc, output), code)
-        _fail(_cli_text(exc), code)
+        _fail(cli_error_text(exc, config_keys=from_config, config_source=f"--config {config}"), code)
     from seqpack.io.summary import summary_rows  # defers pyarrow (io reader)
 
     _out.print(_summary_table(f"packed dataset: {res.output}", summary_rows(res.metadata, res.timings_s)))
@@ -224,22 +226,11 @@ def _lazy_progress(*columns, **kwargs):  # noqa: ANN002, ANN003 - rich.progress.
     return LazyProgress(*columns, **kwargs)
 
 
-def _cli_text(exc: BaseException) -> str:
-    """An error's message for a CLI user: settings errors name the ``seqpack pack`` flags, not the
-    ``pack_dataset`` keywords (:func:`seqpack.pipeline.cli_message`)."""
-    from seqpack.pipeline import NothingToPackError, PackConfigError, cli_message
-
-    if isinstance(exc, (PackConfigError, NothingToPackError)):
-        return cli_message(str(exc))
-    # a data error quotes the record, so only its fix's keyword is translated
-    return str(exc).replace("on_error='skip'", "--on-error skip")
-
-
 def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
     """The pack options ``config`` sets (``PackingConfig.pack_options``), less those given as flags.
 
     The config is loaded and checked as ``seqpack validate`` does; any problem (unknown key, wrong type,
-    a rule, a key that contradicts offline packing) prints the same table on stderr and exits with 2,
+    a rule, a key that contradicts offline packing) prints the same list of problems on stderr and exits with 2,
     before any data is read.
     """
     require_path_kind(config, "file", "--config", "pass a packing config file (.yaml/.yml/.json) or a recipe name "
@@ -255,7 +246,7 @@ def _config_options(ctx: typer.Context, config: Path, given: dict) -> dict:
         violations = exc.violations
     if violations:
         print_violations(_err, violations, source)
-        _fail(f"--config {source} is not a valid packing config (see the table above; `seqpack validate "
+        _fail(f"--config {config} is not a valid packing config (its problems are listed above; `seqpack validate "
               f"{config}` checks it)", 2)
     # by name: typer may bring its own copy of click's ParameterSource enum
     explicit = {k for k in given if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}

@@ -4,7 +4,8 @@ Field names are the ones Megatron-Core / Megatron-Bridge / HF users already know
 (``seq_length``, ``micro_batch_size``, ``context_parallel_size``, ``calculate_per_token_loss`` ...);
 a few common spellings from other stacks are accepted as aliases on input (``pad_seq_to_mult``,
 ``packed_sequence_size``, ``enable_cuda_graph``, ``packed_metadata``). Construction checks types and
-ranges; :meth:`PackingConfig.validate` checks the cross-key rules and raises ONE
+ranges, strictly for numbers and on/off keys (``seq_length: "4096"`` is text, not an integer; ``true`` is
+no number; ``"yes"`` is no boolean: the values a packed dataset's metadata records are checked as strictly); :meth:`PackingConfig.validate` checks the cross-key rules and raises ONE
 :class:`~seqpack.config.errors.ConfigValidationError` listing every violation.
 """
 
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-import typing
 from typing import Any
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from seqpack.algorithms import resolve_algorithm
@@ -68,21 +69,21 @@ class PackingConfig(BaseModel):
         PackingMode.OFFLINE, validation_alias=_alias("packing", "packing_mode"),
         description="offline | in_batch | streaming | none",
     )
-    seq_length: int = Field(
+    seq_length: StrictInt = Field(
         4096, ge=1, validation_alias=_alias("seq_length", "capacity", "packed_sequence_size"),
         description="Pack capacity T in tokens (row width).",
     )
-    pad_to_multiple_of: int = Field(
+    pad_to_multiple_of: StrictInt = Field(
         1, ge=1, validation_alias=_alias("pad_to_multiple_of", "pad_seq_to_mult"),
         description="User multiple every segment is padded to; combined with CP/TP by compute_pad_multiple.",
     )
-    pad_to_max_length: bool = Field(False, description="Pad every row to exactly seq_length (static shapes).")
-    pad_cu_seqlens: bool = Field(
+    pad_to_max_length: StrictBool = Field(False, description="Pad every row to exactly seq_length (static shapes).")
+    pad_cu_seqlens: StrictBool = Field(
         False, description="Pad cu_seqlens to a fixed number of entries (static shapes for CUDA graphs)."
     )
     algorithm: str = Field(DEFAULT_ALGORITHM_VALUE, description="A seqpack.algorithms.PackingAlgorithm value.")
-    packing_buffer_size: int | None = Field(None, ge=1, description="Samples buffered per streaming round.")
-    planner_pad_multiple: int | None = Field(
+    packing_buffer_size: StrictInt | None = Field(None, ge=1, description="Samples buffered per streaming round.")
+    planner_pad_multiple: StrictInt | None = Field(
         None, ge=1,
         description="Pad multiple the bin planner assumes, if set separately; must equal effective_pad_multiple "
         "(case B24: planner/builder pad multiple mismatch).",
@@ -101,45 +102,45 @@ class PackingConfig(BaseModel):
     )
 
     # --- batching ---
-    micro_batch_size: int = Field(1, ge=1)
-    global_batch_size: int | None = Field(None, ge=1)
-    data_parallel_size: int | None = Field(None, ge=1, description="DP world size, if known at setup.")
-    dynamic_batching: bool = Field(False, description="Token-budget (dynamic) micro-batches.")
-    flatten_micro_batch: bool = Field(
+    micro_batch_size: StrictInt = Field(1, ge=1)
+    global_batch_size: StrictInt | None = Field(None, ge=1)
+    data_parallel_size: StrictInt | None = Field(None, ge=1, description="DP world size, if known at setup.")
+    dynamic_batching: StrictBool = Field(False, description="Token-budget (dynamic) micro-batches.")
+    flatten_micro_batch: StrictBool = Field(
         False, description="Flatten [B, T] in-batch packs into one [1, B*T] THD row with offset boundaries."
     )
 
     # --- parallelism ---
-    context_parallel_size: int = Field(1, ge=1)
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    sequence_parallel: bool = False
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    expert_model_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: StrictInt = Field(1, ge=1)
+    tensor_model_parallel_size: StrictInt = Field(1, ge=1)
+    sequence_parallel: StrictBool = False
+    pipeline_model_parallel_size: StrictInt = Field(1, ge=1)
+    expert_model_parallel_size: StrictInt = Field(1, ge=1)
 
     # --- loss ---
-    finetuning: bool = Field(True, description="Fine-tuning (SFT) rather than pre-training.")
-    calculate_per_token_loss: bool = Field(False, description="Megatron-Core: normalise by the global token count.")
-    average_in_collective: bool = Field(True, description="Megatron-Core DDP: average (not sum) in the collective.")
-    fuse_loss: bool = Field(False, description="Fused (per-token) cross-entropy.")
+    finetuning: StrictBool = Field(True, description="Fine-tuning (SFT) rather than pre-training.")
+    calculate_per_token_loss: StrictBool = Field(False, description="Megatron-Core: normalise by the global token count.")
+    average_in_collective: StrictBool = Field(True, description="Megatron-Core DDP: average (not sum) in the collective.")
+    fuse_loss: StrictBool = Field(False, description="Fused (per-token) cross-entropy.")
 
     # --- model ---
     model_family: str | None = Field(None, description="Registry key or alias (seqpack.config.list_families()).")
-    multimodal: bool | None = Field(None, description="Override the registry's modality (None = from model_family).")
+    multimodal: StrictBool | None = Field(None, description="Override the registry's modality (None = from model_family).")
     attention_backend: AttentionBackend = AttentionBackend.TE
-    attention_varlen: bool | None = Field(
+    attention_varlen: StrictBool | None = Field(
         None, description="Override: the attention path takes segment boundaries under CP (None = from registry)."
     )
-    linear_attention_varlen: bool | None = Field(
+    linear_attention_varlen: StrictBool | None = Field(
         None,
         description="The model's linear-attention/SSM kernels (gated delta net, Mamba2) take cu_seqlens/seq_idx.",
     )
-    mtp_num_layers: int = Field(0, ge=0)
-    mtp_ready_packing: bool = Field(False, description="Use seqpack.mtp.roll_packed (per-segment MTP roll).")
-    num_moe_experts: int | None = Field(None, ge=1)
-    moe_router_enable_expert_bias: bool = False
-    moe_aux_loss_coeff: float = Field(0.0, ge=0.0)
-    produce_padding_mask: bool = Field(False, description="Emit padding_mask (True = pad) for the MoE router.")
-    cuda_graphs: bool = Field(False, validation_alias=_alias("cuda_graphs", "enable_cuda_graph"))
+    mtp_num_layers: StrictInt = Field(0, ge=0)
+    mtp_ready_packing: StrictBool = Field(False, description="Use seqpack.mtp.roll_packed (per-segment MTP roll).")
+    num_moe_experts: StrictInt | None = Field(None, ge=1)
+    moe_router_enable_expert_bias: StrictBool = False
+    moe_aux_loss_coeff: StrictFloat = Field(0.0, ge=0.0)
+    produce_padding_mask: StrictBool = Field(False, description="Emit padding_mask (True = pad) for the MoE router.")
+    cuda_graphs: StrictBool = Field(False, validation_alias=_alias("cuda_graphs", "enable_cuda_graph"))
     fp8: str | None = Field(None, description="FP8 recipe/format (e.g. 'hybrid', 'e4m3'); None = off.")
 
     @model_validator(mode="before")
@@ -150,8 +151,12 @@ class PackingConfig(BaseModel):
         if not isinstance(data, dict) or not ({"packed_sequence", "pack_sequences_in_batch"} & set(data)):
             return data
         data = dict(data)
-        offline = bool(data.pop("packed_sequence", False))
-        in_batch = bool(data.pop("pack_sequences_in_batch", False))
+        for key in ("packed_sequence", "pack_sequences_in_batch"):
+            if not isinstance(data.get(key, False), bool):
+                raise PydanticCustomError("packing_flag_type", "{key} must be true or false, got {value}",
+                                          {"key": key, "value": repr(data[key])})
+        offline = data.pop("packed_sequence", False)
+        in_batch = data.pop("pack_sequences_in_batch", False)
         if offline and in_batch:
             raise PydanticCustomError(
                 "packing_flags_exclusive",
@@ -169,18 +174,6 @@ class PackingConfig(BaseModel):
             )
         data.setdefault("packing", mode)
         return data
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
-        """YAML ``true``/``false`` is no number: pydantic's lax mode would read ``seq_length: true`` as 1."""
-        if not isinstance(v, bool):  # the common case: nothing to look up
-            return v
-        ann = cls.model_fields[info.field_name].annotation
-        kinds = (set(typing.get_args(ann)) or {ann}) - {type(None)}
-        if kinds and kinds <= {int, float}:
-            raise PydanticCustomError("bool_not_number", "expected a number, not a boolean")
-        return v
 
     @field_validator("algorithm", mode="before")
     @classmethod

@@ -92,8 +92,8 @@ def image_cut(
     detail = f"{length} tokens after expanding {num_images} image(s) > seq_length {seq_length}"
     if overlength == "error":
         raise OverlengthError(
-            f"{where}: {detail}; raise seq_length, lower the image processor's max_pixels, or use "
-            "overlength='drop'|'truncate'"
+            f"{where}: {detail}. Fix: raise seq_length, lower max_pixels (fewer image tokens), or pass "
+            "overlength='drop' or overlength='truncate'."
         )
     if overlength == "drop":
         return None, "overlength", detail
@@ -163,7 +163,8 @@ def apply_overlength(
         if overlength == "error":
             raise OverlengthError(
                 f"sample {sample_id!r} ({source}, record {index}) has {n} tokens > seq_length={seq_length}. "
-                "Fix: raise seq_length, or set overlength to 'truncate' (SFT default), 'drop' or 'split'."
+                "Fix: raise seq_length, or pass overlength='truncate' (the SFT default), overlength='drop' or "
+                "overlength='split'."
             )
         if overlength == "drop":
             return [], [rec("dropped", "overlength", f"{n} tokens > seq_length={seq_length}", n, 0)]

@@ -27,9 +27,8 @@ __all__ = ["MEDIA_FIX", "URL_PREFIXES", "MediaRoot", "common_media_root", "insid
 URL_PREFIXES = ("data:", "http://", "https://", "s3://", "gs://", "hf://")
 
 #: The fix named by every refusal of an image outside the root.
-MEDIA_FIX = ("keep the images inside the media root, name the folder that holds them with --media-dir DIR "
-             "(media_dir=DIR), or pass --allow-any-media-path (allow_any_media_path=True) if you trust the data "
-             "to read images wherever it points")
+MEDIA_FIX = ("keep the images inside the media root, name the folder that holds them with media_dir=DIR, "
+             "or pass allow_any_media_path=True if you trust the data to read images wherever it points")
 
 
 def is_url(ref: Any) -> bool:

@@ -160,7 +160,7 @@ class WorkerProcesses:
                     self.close(kill=True)
                     raise WorkerDiedError(
                         f"a preparation worker process (pid {p.pid}) {_exit_text(p.exitcode)} while {what()} were "
-                        "being prepared; nothing was written. Fix: use fewer processes (--num-proc / num_proc=; "
+                        "being prepared; nothing was written. Fix: use fewer processes (num_proc=N; "
                         "each holds a copy of the tokenizer and its share of the records) or give the job more "
                         "memory; num_proc=1 prepares in this process."
                     ) from None

@@ -11,12 +11,11 @@ pixels; ``load_packed(..., load_media=True)`` recomputes them with the settings 
 """
 
 from seqpack.data.media.expand import apply_length_policy
+from seqpack.pipeline.cli_text import PACK_FLAGS, cli_error_text, cli_message
 from seqpack.pipeline.job import (
-    PACK_FLAGS,
     NothingToPackError,
     PackConfigError,
     PackJob,
-    cli_message,
     dedupe_inputs,
     processor_settings,
     resolve_image_processor,
@@ -34,6 +33,7 @@ __all__ = [
     "PackResult",
     "apply_length_policy",
     "build_metadata",
+    "cli_error_text",
     "cli_message",
     "ENGINES",
     "dedupe_inputs",

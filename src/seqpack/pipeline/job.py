@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,10 +32,8 @@ from seqpack.padding import check_positive_int, check_seq_length, compute_pad_mu
 
 __all__ = [
     "NothingToPackError",
-    "PACK_FLAGS",
     "PackConfigError",
     "PackJob",
-    "cli_message",
     "dedupe_inputs",
     "processor_settings",
     "resolve_image_processor",
@@ -56,60 +53,6 @@ def sample_data_path() -> Path:
     """Path of the embedded demo dataset ``seqpack/resources/sample_chat.jsonl`` (40 OpenAI-format
     chats written for seqpack: system prompts, multi-turn, tool calls with ``tools``)."""
     return Path(str(resources.files("seqpack") / "resources" / "sample_chat.jsonl"))
-
-
-#: ``pack_dataset`` keyword -> ``seqpack pack`` flag. Messages of this package name the keyword
-#: (what a :func:`~seqpack.pipeline.pack_dataset` caller typed); the CLI shows them through
-#: :func:`cli_message`, which names the flag instead.
-PACK_FLAGS = {
-    "seq_length": "--seq-length",
-    "pad_to_multiple_of": "--pad-to-multiple-of",
-    "context_parallel_size": "--context-parallel-size",
-    "algorithm": "--algorithm",
-    "overlength": "--overlength",
-    "on_error": "--on-error",
-    "train_on": "--train-on",
-    "format": "--format",
-    "seed": "--seed",
-    "tokenizer": "--tokenizer",
-    "num_proc": "--num-proc",
-    "num_cpus": "--num-cpus",
-    "planning": "--planning",
-    "engine": "--engine",
-    "image_processor": "--image-processor",
-    "min_pixels": "--min-pixels",
-    "max_pixels": "--max-pixels",
-    "overwrite": "--overwrite",
-    "media_dir": "--media-dir",
-    "allow_any_media_path": "--allow-any-media-path",
-}
-
-#: keywords that are also plain words ("algorithm", "format"): translated only as ``key=value``.
-_PLAIN_WORDS = {k for k in PACK_FLAGS if "_" not in k}
-
-
-def cli_message(message: str, flags: dict[str, str] | None = None) -> str:
-    """``message`` (a :class:`PackConfigError` or :class:`NothingToPackError` text, written with
-    ``pack_dataset`` keyword names) with each keyword replaced by its ``seqpack pack`` flag.
-
-    ``seq_length=7`` becomes ``--seq-length 7``; a keyword with an underscore (``num_proc``) is
-    replaced wherever it stands as a word; a plain-word keyword (``algorithm``, ``format``) only in the
-    ``key=value`` form, so prose ("unknown packing algorithm") is left alone.
-
-    Args:
-        message: the text to translate.
-        flags: keyword -> flag (default :data:`PACK_FLAGS`).
-    """
-    flags = PACK_FLAGS if flags is None else flags
-
-    def sub(m: "re.Match[str]") -> str:
-        key, eq = m.group(1), m.group(2)
-        if key in _PLAIN_WORDS and not eq:
-            return m.group(0)
-        return flags[key] + (" " if eq else "")
-
-    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
-    return re.sub(rf"(?<![\w.*-])({names})(?![\w-])(=?)", sub, message)
 
 
 @dataclass(frozen=True)
@@ -193,7 +136,7 @@ class PackJob:
         this process once the input is large enough); ``log`` receives one line per repeated input file.
 
         Raises:
-            PackConfigError: invalid settings (names the keywords; :func:`cli_message` names the flags).
+            PackConfigError: invalid settings (names the keywords; :func:`seqpack.pipeline.cli_text.cli_message` names the flags).
             TypeError: ``tokenizer`` is neither a name/path nor a loaded tokenizer.
             FileExistsError: ``output`` exists and ``overwrite`` is False, or an input lies inside it.
             FileNotFoundError / DataFormatError: a missing input, an empty glob, a directory.

@@ -1,5 +1,5 @@
 """The fixes a ``NothingToPackError`` offers: one per reason the records were refused for, written with
-``pack_dataset`` keyword names (the CLI rewrites them as flags: :func:`seqpack.pipeline.job.cli_message`)."""
+``pack_dataset`` keyword names (the CLI rewrites them as flags: :func:`seqpack.pipeline.cli_text.cli_error_text`)."""
 
 from __future__ import annotations
 

@@ -103,5 +103,5 @@ def _resolve_image(ref: str, ctx: _Ctx) -> str:
         f"image {ref!r} not found (looked at {', '.join(str(c) for c in candidates)}).",
         "missing_image",
         f"make image paths relative to the media root {root} (or its images/ folder), or name the folder "
-        "holding the images with --media-dir DIR (media_dir=DIR).",
+        "holding the images with media_dir=DIR.",
     )
