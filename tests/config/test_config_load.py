@@ -214,6 +214,18 @@ def test_python_construction_and_assignment_are_type_checked():
         c.micro_batch_size = 0
 
 
+def test_numpy_integers_are_integers_but_numpy_floats_and_booleans_are_not():
+    """A config built from arrays (``np.int64`` lengths) is accepted as plain ints; the strict check still
+    refuses a float or a boolean, numpy or not."""
+    import numpy as np
+
+    c = PackingConfig(seq_length=np.int64(8192), micro_batch_size=np.int32(2))
+    assert (c.seq_length, c.micro_batch_size) == (8192, 2) and type(c.seq_length) is int
+    for bad in (np.float64(8192), np.bool_(True), 8192.0, "8192"):
+        with pytest.raises(ValidationError, match="valid integer"):
+            PackingConfig(seq_length=bad)
+
+
 @pytest.mark.parametrize("name, text, match", [
     ("c.toml", "x = 1", "unsupported config file type"),
     ("bad.yaml", "seq_length: [1,\n", r"not valid YAML at line 2, column 1: expected the node content, but found "

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+import numbers
+from typing import Annotated, Any
 
 import yaml
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from seqpack.algorithms import resolve_algorithm
@@ -38,6 +39,18 @@ from seqpack.padding import compute_pad_multiple
 
 __all__ = ["ALGORITHM_VALUES", "TRAIN_ON_VALUES", "AttentionBackend", "PackedDataCheck", "PackingConfig",
            "PackingMode"]
+
+
+def _plain_int(value: Any) -> Any:
+    """A numpy integer as a Python int (a config built from arrays); text, floats and booleans stay as given, so
+    the strict check refuses them."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and not isinstance(value, int):
+        return int(value)
+    return value
+
+
+# an integer key: Python or numpy integers; not "4096", 4096.0 or true
+Int = Annotated[StrictInt, BeforeValidator(_plain_int)]
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -69,11 +82,11 @@ class PackingConfig(BaseModel):
         PackingMode.OFFLINE, validation_alias=_alias("packing", "packing_mode"),
         description="offline | in_batch | streaming | none",
     )
-    seq_length: StrictInt = Field(
+    seq_length: Int = Field(
         4096, ge=1, validation_alias=_alias("seq_length", "capacity", "packed_sequence_size"),
         description="Pack capacity T in tokens (row width).",
     )
-    pad_to_multiple_of: StrictInt = Field(
+    pad_to_multiple_of: Int = Field(
         1, ge=1, validation_alias=_alias("pad_to_multiple_of", "pad_seq_to_mult"),
         description="User multiple every segment is padded to; combined with CP/TP by compute_pad_multiple.",
     )
@@ -82,8 +95,8 @@ class PackingConfig(BaseModel):
         False, description="Pad cu_seqlens to a fixed number of entries (static shapes for CUDA graphs)."
     )
     algorithm: str = Field(DEFAULT_ALGORITHM_VALUE, description="A seqpack.algorithms.PackingAlgorithm value.")
-    packing_buffer_size: StrictInt | None = Field(None, ge=1, description="Samples buffered per streaming round.")
-    planner_pad_multiple: StrictInt | None = Field(
+    packing_buffer_size: Int | None = Field(None, ge=1, description="Samples buffered per streaming round.")
+    planner_pad_multiple: Int | None = Field(
         None, ge=1,
         description="Pad multiple the bin planner assumes, if set separately; must equal effective_pad_multiple "
         "(case B24: planner/builder pad multiple mismatch).",
@@ -102,20 +115,20 @@ class PackingConfig(BaseModel):
     )
 
     # --- batching ---
-    micro_batch_size: StrictInt = Field(1, ge=1)
-    global_batch_size: StrictInt | None = Field(None, ge=1)
-    data_parallel_size: StrictInt | None = Field(None, ge=1, description="DP world size, if known at setup.")
+    micro_batch_size: Int = Field(1, ge=1)
+    global_batch_size: Int | None = Field(None, ge=1)
+    data_parallel_size: Int | None = Field(None, ge=1, description="DP world size, if known at setup.")
     dynamic_batching: StrictBool = Field(False, description="Token-budget (dynamic) micro-batches.")
     flatten_micro_batch: StrictBool = Field(
         False, description="Flatten [B, T] in-batch packs into one [1, B*T] THD row with offset boundaries."
     )
 
     # --- parallelism ---
-    context_parallel_size: StrictInt = Field(1, ge=1)
-    tensor_model_parallel_size: StrictInt = Field(1, ge=1)
+    context_parallel_size: Int = Field(1, ge=1)
+    tensor_model_parallel_size: Int = Field(1, ge=1)
     sequence_parallel: StrictBool = False
-    pipeline_model_parallel_size: StrictInt = Field(1, ge=1)
-    expert_model_parallel_size: StrictInt = Field(1, ge=1)
+    pipeline_model_parallel_size: Int = Field(1, ge=1)
+    expert_model_parallel_size: Int = Field(1, ge=1)
 
     # --- loss ---
     finetuning: StrictBool = Field(True, description="Fine-tuning (SFT) rather than pre-training.")
@@ -134,9 +147,9 @@ class PackingConfig(BaseModel):
         None,
         description="The model's linear-attention/SSM kernels (gated delta net, Mamba2) take cu_seqlens/seq_idx.",
     )
-    mtp_num_layers: StrictInt = Field(0, ge=0)
+    mtp_num_layers: Int = Field(0, ge=0)
     mtp_ready_packing: StrictBool = Field(False, description="Use seqpack.mtp.roll_packed (per-segment MTP roll).")
-    num_moe_experts: StrictInt | None = Field(None, ge=1)
+    num_moe_experts: Int | None = Field(None, ge=1)
     moe_router_enable_expert_bias: StrictBool = False
     moe_aux_loss_coeff: StrictFloat = Field(0.0, ge=0.0)
     produce_padding_mask: StrictBool = Field(False, description="Emit padding_mask (True = pad) for the MoE router.")
