@@ -163,6 +163,29 @@ def test_llava_errors_missing_image_and_count_mismatch(tmp_path: Path):
     assert ei.value.reason == "image_placeholder_mismatch" and "2 image(s) but 1" in str(ei.value)
 
 
+@pytest.mark.parametrize("key, value, said", [("image", "", "an empty string"), ("image", None, "null"),
+                                              ("images", [], "an empty list")])
+def test_an_emptied_image_column_with_placeholders_is_refused_not_trained_as_text(tmp_path: Path, key, value, said):
+    """Placeholders with an empty image column would be tokenized as the literal text '<image>'."""
+    conv = [{"from": "human", "value": "<image>What is it?"}, {"from": "gpt", "value": "a cat"}]
+    with pytest.raises(DataFormatError) as ei:
+        norm({key: value, "conversations": conv}, base_dir=tmp_path)
+    assert ei.value.reason == "image_placeholder_mismatch"
+    assert f"'{key}' is {said} but the text has 1 '<image>' placeholder(s)" in str(ei.value)
+    # an empty column without placeholders is a text-only record; no image column at all stays text
+    assert norm({key: value, "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+                base_dir=tmp_path).images == []
+    assert norm({"conversations": conv}, base_dir=tmp_path).images == []
+
+
+def test_an_image_path_naming_a_folder_says_so(tmp_path: Path):
+    (tmp_path / "imgs").mkdir()
+    conv = [{"from": "human", "value": "<image>x"}, {"from": "gpt", "value": "y"}]
+    with pytest.raises(DataFormatError) as ei:
+        norm({"image": "imgs", "conversations": conv}, base_dir=tmp_path)
+    assert ei.value.reason == "missing_image" and f"is a folder ({tmp_path / 'imgs'}), not an image file" in str(ei.value)
+
+
 def test_openai_inline_image_parts(tmp_path: Path):
     (tmp_path / "a.png").write_bytes(b"x")
     rec = {

@@ -57,6 +57,15 @@ def record_images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
     refs = refs or list(ctx.inline_images)
     n_ph = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in msgs)
     if not refs:
+        given = [k for k in ("images", "image") if k in rec]
+        if given and n_ph:  # an emptied image column: the placeholders would be trained on as literal text
+            raise ctx.err(
+                f"'{given[0]}' is {_json_empty(rec[given[0]])} but the text has {n_ph} '{IMAGE_PLACEHOLDER}' "
+                "placeholder(s).",
+                "image_placeholder_mismatch",
+                f"give the image path(s), one per '{IMAGE_PLACEHOLDER}', or remove the placeholders (and the empty "
+                f"'{given[0]}') for a text-only record.",
+            )
         return []
     if n_ph != len(refs):
         raise ctx.err(
@@ -73,6 +82,10 @@ def record_images(rec: dict, msgs: list[dict], ctx: _Ctx) -> list[Any]:
         else:
             out.append(r)  # PIL image or {bytes, path} from a datasets Image column
     return out
+
+
+def _json_empty(v: Any) -> str:
+    return "null" if v is None else "an empty list" if isinstance(v, (list, tuple)) else "an empty string"
 
 
 def _resolve_image(ref: str, ctx: _Ctx) -> str:
@@ -98,6 +111,13 @@ def _resolve_image(ref: str, ctx: _Ctx) -> str:
             "images only inside the media root (a '../' path, an absolute path elsewhere or a symlink out).",
             "media_outside_root",
             MEDIA_FIX + "; on_error='skip' skips and reports the record.",
+        )
+    folders = [c for c in candidates if c.is_dir()]
+    if folders:
+        raise ctx.err(
+            f"image {ref!r} is a folder ({folders[0]}), not an image file.",
+            "missing_image",
+            "give the path of one image file per placeholder (a list of paths for several images).",
         )
     raise ctx.err(
         f"image {ref!r} not found (looked at {', '.join(str(c) for c in candidates)}).",
