@@ -468,6 +468,9 @@ def test_tool_call_needs_a_non_empty_name(name):
     ({"type": "function", "function": {"name": "f", "parameters": "notobj"}}, r"\('f'\)\.parameters is a JSON string"),
     ({"name": "f", "parameters": [1]}, "parameters is a JSON array"),
     ({"name": "f", "parameters": {"default": float("nan")}}, "NaN or infinite"),
+    ({"type": "function", "function": {"parameters": {}}}, r"tools\[0\] is a function schema without a name\."),
+    ({"name": "  ", "parameters": {}}, r"tools\[0\] is a function schema without a name\."),
+    ({"name": 5, "parameters": {}}, r"tools\[0\] is a function schema whose name is a JSON number, not a non-empty"),
 ])
 def test_tool_schema_parameters_must_be_an_object(tool, message):
     rec = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": [tool]}

@@ -252,3 +252,16 @@ def test_an_unfinished_first_jsonl_line_before_a_valid_one_is_one_bad_record(tmp
     assert [(x.reason, x.index) for x in rep.entries] == [("malformed_json", 0), ("malformed_json", 2)]
     with pytest.raises(DataFormatError, match=r"cut\.jsonl, line 1: malformed JSON \(Expecting value"):
         prepare(p, qwen3_tokenizer, seq_length=64)
+
+
+def test_a_cut_off_line_and_a_raw_control_character_are_named_plainly(tmp_path):
+    """A line that ends inside a string (a record cut off) and a raw NUL byte in a string: the decoder's
+    "Invalid control character at" is worded once, and a line break is called what it is."""
+    good = json.dumps(GOOD)
+    p = tmp_path / "cut.jsonl"
+    p.write_bytes(f'{good}\n{{"messages":[{{"role":"user","con\n{{"a": "x\x00y"}}\n'.encode())
+    errs = [str(r.error) for r in iter_records(p) if r.error is not None]
+    assert len(errs) == 2
+    assert "line 2: malformed JSON (a line break inside a string: the text ends before the string does (cut off?) " \
+           "at column 33)" in errs[0]
+    assert "line 3: malformed JSON (Invalid control character at column 9)" in errs[1] and "at at" not in errs[1]

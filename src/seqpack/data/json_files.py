@@ -252,7 +252,11 @@ def json_problem(e: BaseException, *, with_line: bool = False) -> str:
     """What is wrong with a JSON text, for a message: the decoder's complaint and column, nesting too deep
     for Python's parser, or an integer too long to convert (CPython's 4300-digit limit)."""
     if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} at line {e.lineno}, column {e.colno}" if with_line else f"{e.msg} at column {e.colno}"
+        if e.msg.startswith("Invalid control character") and e.doc[e.pos:e.pos + 1] in ("\n", "\r"):
+            msg = "a line break inside a string: the text ends before the string does (cut off?)"
+        else:
+            msg = e.msg.removesuffix(" at")  # "Invalid control character at" is the decoder's whole text
+        return f"{msg} at line {e.lineno}, column {e.colno}" if with_line else f"{msg} at column {e.colno}"
     if isinstance(e, RecursionError):
         return "nested too deeply for the JSON parser"
     if "integer string conversion" in str(e):

@@ -182,8 +182,10 @@ def _parse_tools(tools: Any, ctx: _Ctx) -> list[dict] | None:
         fn = tool.get("function")
         if tool.get("type") in (None, "function") and not (
                 isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"].strip()):
+            name = fn.get("name") if isinstance(fn, dict) else None
             raise ctx.err(
-                f"tools[{i}] is a function schema without a name.",
+                f"tools[{i}] is a function schema without a name." if name is None or isinstance(name, str) else
+                f"tools[{i}] is a function schema whose name is {json_kind(name)}, not a non-empty text.",
                 "bad_tools",
                 'give every function schema a name: {"type": "function", "function": {"name": ..., '
                 '"parameters": {...}}}; or remove the record (on_error=\'skip\' skips and reports it).',
