@@ -220,7 +220,7 @@ def validate(packed: Any, capacity: int | None = None, context_parallel_size: in
         lm_bad = np.flatnonzero((packed.loss_mask != 0) != (lab != IGNORE_INDEX))
     if lm_bad.size:
         s = int(lm_bad[0])
-        _fail(6, f"loss_mask[{s}]={packed.loss_mask[s]!r} but labels[{s}]={int(lab[s])} (segment {int(exp_seq[s])})")
+        _fail(6, f"loss_mask[{s}]={bool(packed.loss_mask[s])} but labels[{s}]={int(lab[s])} (segment {int(exp_seq[s])})")
 
     # ---- 7: next-token consistency inside each segment
     last_real = starts + real - 1
