@@ -9,7 +9,8 @@ newlines (CR, LF and CRLF), so its line numbers are those an editor shows. A ``.
 one JSON document spread over several lines (a pretty-printed array, or objects written with
 ``indent=``) is refused as a whole, naming the fix, instead of reporting every line as malformed.
 
-A ``.json`` file holds one top-level array of records (or one record object). A ``.json`` file holding
+An empty file (0 bytes, or only whitespace) holds no record, ``.json`` and ``.jsonl`` alike
+(:func:`is_blank_file`). A ``.json`` file holds one top-level array of records (or one record object). A ``.json`` file holding
 JSON Lines (its first line one complete object, more values on the following lines) is read as JSONL;
 any other text after the top-level value is refused, naming where it starts.
 """
@@ -17,16 +18,18 @@ any other text after the top-level value is refused, naming where it starts.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from seqpack.data.records import DataFormatError, RawRecord, json_kind
 
-__all__ = ["iter_json", "iter_jsonl", "jsonl_lines"]
+__all__ = ["is_blank_file", "iter_json", "iter_jsonl", "jsonl_lines"]
 
 _BOM = b"\xef\xbb\xbf"
 _CHUNK = 1 << 20
+_JSON_SPACE = " \t\r\n"  # the whitespace JSON allows between values (RFC 8259)
 
 
 def jsonl_lines(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -145,10 +148,23 @@ def _refuse_multiline_json(path: Path, lineno: int | None, text: str) -> None:
     )
 
 
+def is_blank_file(path: str | os.PathLike) -> bool:
+    """Whether the file at ``path`` holds nothing but whitespace (0 bytes, blank lines; a leading UTF-8 BOM
+    aside): an empty file, whose records are none. Reads only up to its first other byte."""
+    with open(path, "rb") as f:
+        first = True
+        while chunk := f.read(_CHUNK):
+            if (chunk.removeprefix(_BOM) if first else chunk).strip(_JSON_SPACE.encode()):
+                return False
+            first = False
+    return True
+
+
 def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = None) -> Iterator[RawRecord]:
     """The records of a ``.json`` file: the elements of its top-level array (``index`` 0-based), or the one
-    record it holds (a top-level object); ``on_count(n)`` is called once the array is parsed. A file of JSON
-    Lines (first line one complete object) is read as :func:`iter_jsonl`.
+    record it holds (a top-level object); none for an empty file (0 bytes or only whitespace, as a ``.jsonl``
+    file); ``on_count(n)`` is called once the array is parsed. A file of JSON Lines (first line one complete
+    object) is read as :func:`iter_jsonl`.
 
     Raises:
         DataFormatError: the file is not UTF-8 (``"bad_encoding"``), not valid JSON, or has text after
@@ -157,6 +173,10 @@ def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = N
     """
     src = str(path)
     text = decode_whole(path)
+    if not text.strip(_JSON_SPACE):  # an empty file: no record, as an empty .jsonl (the caller names it)
+        if on_count is not None:
+            on_count(0)
+        return
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:
