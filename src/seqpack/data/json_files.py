@@ -10,7 +10,10 @@ one JSON document spread over several lines (a pretty-printed array, or objects 
 ``indent=``) is refused as a whole, naming the fix, instead of reporting every line as malformed.
 
 An empty file (0 bytes, or only whitespace) holds no record, ``.json`` and ``.jsonl`` alike
-(:func:`is_blank_file`). A ``.json`` file holds one top-level array of records (or one record object). A ``.json`` file holding
+(:func:`is_blank_file`). A ``.json`` file holds one top-level array of records, or one record object (one that
+has a record key, :data:`~seqpack.data.records.RECORD_KEYS`); any other top-level object, such as a wrapper
+``{"data": [...]}``, is refused as a whole, naming its keys (seqpack does not guess which key holds the
+records; the fix names the ``jq`` command that extracts an array of records). A ``.json`` file holding
 JSON Lines (its first line one complete object, more values on the following lines) is read as JSONL;
 any other text after the top-level value is refused, naming where it starts.
 """
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from seqpack.data.records import DataFormatError, RawRecord, json_kind
+from seqpack.data.records import RECORD_KEYS, DataFormatError, RawRecord, json_kind
 
 __all__ = ["is_blank_file", "iter_json", "iter_jsonl", "jsonl_lines"]
 
@@ -162,14 +167,15 @@ def is_blank_file(path: str | os.PathLike) -> bool:
 
 def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = None) -> Iterator[RawRecord]:
     """The records of a ``.json`` file: the elements of its top-level array (``index`` 0-based), or the one
-    record it holds (a top-level object); none for an empty file (0 bytes or only whitespace, as a ``.jsonl``
+    record it holds (a top-level object with a record key); none for an empty file (0 bytes or only whitespace, as a ``.jsonl``
     file); ``on_count(n)`` is called once the array is parsed. A file of JSON Lines (first line one complete
     object) is read as :func:`iter_jsonl`.
 
     Raises:
         DataFormatError: the file is not UTF-8 (``"bad_encoding"``), not valid JSON, or has text after
             its top-level value (``"malformed_json"``, naming the line and column), or its top-level value
-            is not an array or object (``"unknown_format"``).
+            is not an array or a record object (``"unknown_format"``; a wrapper object ``{"data": [...]}`` names
+            the ``jq`` command that extracts the array).
     """
     src = str(path)
     text = decode_whole(path)
@@ -195,6 +201,8 @@ def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = N
         return
     del text  # the parsed records hold their own strings: one copy of a large file, not two
     if isinstance(data, dict):
+        if not any(k in data for k in RECORD_KEYS):
+            raise _not_an_array(path, data)
         data = [data]
     if not isinstance(data, list):
         raise DataFormatError(
@@ -205,6 +213,28 @@ def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = N
         on_count(len(data))
     for i, rec in enumerate(data):
         yield RawRecord(rec, src, i, base_dir=base)
+
+
+def _not_an_array(path: Path, obj: dict) -> DataFormatError:
+    """The error for a ``.json`` file whose top-level value is an object that is no record (no
+    :data:`~seqpack.data.records.RECORD_KEYS`): a wrapper such as ``{"data": [...]}``. The keys holding a
+    list of objects are named, with the ``jq`` command that extracts the first one."""
+    what = f"an object with keys {sorted(obj)[:12]}" if obj else "an empty object {}"
+    lists = [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+    if lists:
+        key = lists[0]
+        sel = f".{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f".[{json.dumps(key)}]"
+        sel = f"'{sel}'" if "'" not in sel else shlex.quote(sel)  # quoted for the shell, as jq filters are
+        others = f"; arrays of objects are also under {lists[1:6]}" if len(lists) > 1 else ""
+        fix = (f"extract the records: `jq {sel} {shlex.quote(path.name)} > "
+               f"{shlex.quote(path.stem + '.records.json')}` (the array under {key!r}{others}), and pack that file.")
+    else:
+        fix = ("store the records as a JSON array [{...}, {...}], or as JSON Lines (.jsonl, one record per line); "
+               f"a file of one record object needs one of the record keys {', '.join(RECORD_KEYS)}.")
+    return DataFormatError(
+        f"a JSON file must hold one array of records (or use JSON Lines); this file's top level is {what}.",
+        source=str(path), reason="unknown_format", fix=fix,
+    )
 
 
 def _trailing_data(path: Path, text: str, e: json.JSONDecodeError) -> DataFormatError:
