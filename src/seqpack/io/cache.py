@@ -38,10 +38,12 @@ import pyarrow.parquet as pq
 from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import CACHE_DIR, PackedDatasetError
 
-__all__ = ["CACHE_DIR", "ShardIdentity", "ShardCache", "check_shard", "open_shard", "private_cache_root", "read_shard"]
+__all__ = ["CACHE_DIR", "SHARD_COLUMNS", "ShardIdentity", "ShardCache", "check_shard", "is_packed_shard", "open_shard",
+           "private_cache_root", "read_shard"]
 
 _SOURCE_KEY = b"seqpack.source"
-_REQUIRED = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
+#: The columns the reader needs of every shard (a Parquet file holding them all is packed rows, not records).
+SHARD_COLUMNS = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _CACHE_ERRORS = (pa.ArrowException, OSError, KeyError, ValueError, TypeError, IndexError)
 
 
@@ -68,6 +70,17 @@ class ShardIdentity:
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+
+def is_packed_shard(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Parquet file with every column the reader needs of a packed shard
+    (:data:`SHARD_COLUMNS`): packed rows, not records. Reads the footer only; a file that is not readable
+    Parquet is not a shard."""
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError):
+        return False
+    return set(SHARD_COLUMNS) <= set(names)
 
 
 def _unreadable(dataset: Path, name: str, e: BaseException) -> PackedDatasetError:
@@ -228,7 +241,7 @@ class ShardCache:
             source = (table.schema.metadata or {}).get(_SOURCE_KEY)
             if source != ident.to_bytes():
                 return None  # built from another shard (or by an older seqpack): rebuild, nothing is wrong
-            missing = [c for c in _REQUIRED if c not in table.column_names]
+            missing = [c for c in SHARD_COLUMNS if c not in table.column_names]
             if missing or table.num_rows != ident.num_rows:
                 raise ValueError(f"missing columns {missing}" if missing else
                                  f"{table.num_rows} rows, the shard has {ident.num_rows}")

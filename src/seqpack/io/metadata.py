@@ -20,6 +20,7 @@ __all__ = [
     "SHARD_FILE",
     "check_metadata",
     "FORMAT_VERSION",
+    "is_packed_dataset",
     "METADATA_FILE",
     "REPORT_FILE",
     "REPORT_PNG",
@@ -36,6 +37,12 @@ REPORT_FILE = "report.jsonl"
 REPORT_PNG = "report.png"  # written by ``seqpack inspect`` (seqpack.io.summary.plot_report)
 DATA_DIR = "data"
 CACHE_DIR = ".cache"  # the reader's Arrow cache inside a dataset (seqpack.io.cache)
+
+
+def is_packed_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a seqpack packed dataset folder: a folder holding a ``metadata.json`` file (the
+    file a finished pack writes last; whether the dataset is whole is ``load_packed``'s check)."""
+    return Path(path).is_dir() and (Path(path) / METADATA_FILE).is_file()
 
 
 class PackedDatasetError(ValueError):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from seqpack.io.metadata import (CACHE_DIR, DATA_DIR, METADATA_FILE, REPORT_FILE, REPORT_PNG, PackedDatasetError,
-                                 PackedMetadata)
+                                 PackedMetadata, is_packed_dataset)
 
 __all__ = [
     "LEFTOVER_KINDS",
@@ -271,7 +271,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
         raise FileExistsError(f"output {out} exists and is a file, not a directory; choose another --output")
     if not any(out.iterdir()):
         return out
-    if (out / METADATA_FILE).is_file():
+    if is_packed_dataset(out):
         if not overwrite:
             raise FileExistsError(
                 f"output {out} already holds a packed dataset; pass --overwrite (overwrite=True) to "

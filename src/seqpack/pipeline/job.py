@@ -30,6 +30,7 @@ from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_inputs_outside, check_output_dir
 from seqpack.padding import check_positive_int, check_seq_length, compute_pad_multiple
+from seqpack.pipeline.packed_input import refuse_packed_input
 
 __all__ = [
     "NothingToPackError",
@@ -334,12 +335,19 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
 
     Raises:
         FileNotFoundError / DataFormatError: from ``seqpack.data.sources.expand_inputs`` (missing path,
-            empty glob, directory).
+            empty glob, directory); a seqpack packed dataset, its ``metadata.json`` or a shard of it
+            (:func:`seqpack.pipeline.packed_input.refuse_packed_input`).
     """
     inputs = list(inputs)
     if inputs and all(isinstance(x, dict) for x in inputs):  # one list of in-memory records
         return expand_inputs(inputs)
-    expanded = [x for item in inputs for x in expand_inputs([item])]  # per item: repeats are seen here
+    expanded = []
+    for item in inputs:  # per item: repeats are seen here
+        if isinstance(item, (str, os.PathLike)) and Path(item).is_dir():
+            refuse_packed_input(item)  # before expand_inputs takes it for a datasets folder
+        expanded += expand_inputs([item])
+    for x in expanded:
+        refuse_packed_input(x)  # a shard or metadata.json, also when a glob matched it
     return dedupe_paths(expanded, log)
 
 

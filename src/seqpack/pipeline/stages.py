@@ -23,7 +23,7 @@ from seqpack.data.prepare import UNLIMITED, display_names, rename_source
 from seqpack.accounting import PrepareReport
 from seqpack.data.sources import InMemoryRecords
 from seqpack.data.tokenizer import load_tokenizer, tokenizer_fingerprint
-from seqpack.io.metadata import METADATA_FILE
+from seqpack.io.metadata import is_packed_dataset
 from seqpack.io.report_file import rejected_report_path, write_rejected_report
 from seqpack.io.writer import PackedWriter
 from seqpack.pipeline.job import NothingToPackError, PackJob, resolve_image_processor
@@ -304,7 +304,7 @@ def check_prepared(
         f"(by status and reason: {by_reason}; each record with its reason in {listed}). Fix: "
         + "; ".join(nothing_left_fixes(job, report))
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
-        + (f"; the dataset already at {job.output} was left as it was" if (job.output / METADATA_FILE).exists() else "")
+        + (f"; the dataset already at {job.output} was left as it was" if is_packed_dataset(job.output) else "")
     )
 
 
