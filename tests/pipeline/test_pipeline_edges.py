@@ -45,6 +45,28 @@ def test_repeated_input_file_read_once(tmp_path, qwen3_tokenizer):
     assert [p.name for p in dedupe_inputs([b, tmp_path / "link.jsonl", a])] == ["b.jsonl", "a.jsonl"]
 
 
+def test_a_repeated_input_is_named_as_the_user_typed_it(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from seqpack.data.sources import expand_inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    _jsonl(tmp_path / "data" / "chat.jsonl", _chat(2))
+    logs: list[str] = []
+    got = dedupe_inputs(["data/chat.jsonl", "./data/chat.jsonl", "./data/*.jsonl", Path("data") / "chat.jsonl"],
+                        logs.append)
+    assert got == [Path("data/chat.jsonl")]
+    tail = "(listed twice, e.g. by a path and an overlapping glob): read once, so each record is packed once"
+    assert logs == [f"input ./data/chat.jsonl is the same file as data/chat.jsonl {tail}",
+                    f"input ./data/chat.jsonl (matched by './data/*.jsonl') is the same file as data/chat.jsonl {tail}",
+                    f"input data/chat.jsonl is the same file as data/chat.jsonl {tail}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqpack.data.sources"):  # prepare()'s path: no log, the logger
+        assert expand_inputs(["./data/chat.jsonl", "data/chat.jsonl"]) == [Path("data/chat.jsonl")]
+    assert caplog.messages == [f"input data/chat.jsonl is the same file as ./data/chat.jsonl {tail}"]
+
+
 def test_a_repeated_input_is_a_warning_on_the_cli_even_with_quiet(tmp_path):
     import subprocess
     import sys
