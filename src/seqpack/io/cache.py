@@ -107,7 +107,7 @@ def check_shard(dataset: Path, name: str, *, num_bytes: int, num_rows: int, sha2
             f"{dataset}: shard {name} resolves to {real}, outside the dataset folder (a symlink?); "
             "seqpack reads shards only inside the dataset. Re-pack the data")
     if not f.is_file():
-        raise PackedDatasetError(f"{dataset}: shard {name} listed in metadata.json is missing; re-pack the data")
+        raise PackedDatasetError(f"{dataset}: {_shard_missing(dataset, name)}; re-pack the data")
     with open(f, "rb") as fh:
         st = os.fstat(fh.fileno())
         if num_bytes and st.st_size != num_bytes:
@@ -130,6 +130,17 @@ def check_shard(dataset: Path, name: str, *, num_bytes: int, num_rows: int, sha2
     if rows != num_rows:
         raise PackedDatasetError(f"{dataset}: shard {name} has {rows} rows, metadata.json says {num_rows}")
     return ShardIdentity.of(f, st, rows, sha256)
+
+
+def _shard_missing(dataset: Path, name: str) -> str:
+    """Why shard ``name`` (listed in ``metadata.json``) is not a file in ``dataset``: a folder on its path is a
+    file (``data`` replaced by a file), the shard is a directory, or it is missing."""
+    for folder in reversed(Path(name).parents[:-1]):  # "data" for "data/shard-00000.parquet"
+        if (dataset / folder).exists() and not (dataset / folder).is_dir():
+            return f"{folder.as_posix()} is a file, not the shard folder (shard {name} listed in metadata.json is in it)"
+    if (dataset / name).is_dir():
+        return f"shard {name} listed in metadata.json is a directory, not a file"
+    return f"shard {name} listed in metadata.json is missing"
 
 
 def open_shard(dataset: Path, name: str, ident: ShardIdentity) -> BinaryIO:

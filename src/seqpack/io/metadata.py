@@ -208,8 +208,8 @@ class PackedMetadata:
         """Read ``DIR/metadata.json``.
 
         Raises:
-            PackedDatasetError: the file is missing (incomplete or interrupted write), a symlink to a file
-                outside ``DIR``, or not valid JSON.
+            PackedDatasetError: the file is missing (incomplete or interrupted write) or a directory, a
+                symlink to a file outside ``DIR``, or not valid JSON.
         """
         p = Path(directory) / METADATA_FILE
         if not p.is_file():
@@ -220,8 +220,9 @@ class PackedMetadata:
             else:
                 fix = ("pack into a new directory: `seqpack pack ... --output NEW_DIR` (seqpack pack never "
                        "replaces a directory that is not a packed dataset, even with --overwrite)")
+            what = "is a directory, not a file" if p.is_dir() else "is missing"
             raise PackedDatasetError(
-                f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} is missing "
+                f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} {what} "
                 f"(a finished `seqpack pack` always writes it last). Fix: check the path, or {fix}."
             )
         real, root = p.resolve(), Path(directory).resolve()
@@ -323,14 +324,7 @@ def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
-    from pydantic import (
-        BaseModel,
-        ConfigDict,
-        StrictInt,
-        create_model,
-        field_validator,
-        model_validator,
-    )
+    from pydantic import BaseModel, ConfigDict, StrictInt, create_model, field_validator, model_validator
 
     class _ShardChecks(BaseModel):
         model_config = ConfigDict(extra="forbid")
