@@ -184,13 +184,14 @@ def test_inspect_of_a_damaged_report_prints_only_the_error(packed_dir, tmp_path)
     n = len(report.read_text(encoding="utf-8").splitlines()) + 1
     with open(report, "a", encoding="utf-8") as f:
         f.write("{not json\n")
-    res = _run("inspect", ds, "--no-plot")
-    _user_error(res, 1)
-    assert res.stdout == ""  # the report is read before the summary is printed
-    assert res.stderr == (
-        f"error: {report} line {n}: not JSON (Expecting property name enclosed in double quotes at column 2). "
-        f"report.jsonl was edited or damaged after packing; re-pack, or check it with `seqpack inspect {ds} "
-        "--verify`\n")
+    for flags in (["--no-plot"], ["--json"]):  # --json reads and checks the report the same way
+        res = _run("inspect", ds, *flags)
+        _user_error(res, 1)
+        assert res.stdout == ""  # the report is read before the summary (or the JSON) is printed
+        assert res.stderr == (
+            f"error: {report} line {n}: not JSON (Expecting property name enclosed in double quotes at column 2). "
+            f"report.jsonl was edited or damaged after packing; re-pack, or check it with `seqpack inspect {ds} "
+            "--verify`\n")
 
 
 def test_inspect_writes_report_png(packed_dir, tmp_path):
