@@ -128,6 +128,30 @@ def test_an_empty_output_is_refused_not_taken_as_the_current_folder(tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dash_output_is_refused_before_any_data_is_read_not_made_a_folder(tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    from seqpack import pack_dataset
+    from seqpack.io.writer import PackedWriter
+
+    monkeypatch.chdir(tmp_path)
+    want = ("output '-': packed output is a folder (shards + metadata.json); stdout is not supported. Fix: pass the "
+            "dataset folder to create, e.g. --output packed")
+    res = _run("pack", tmp_path / "missing.jsonl", "--output", "-", "--quiet")  # refused before the input is read
+    assert _user_error(res, 1) == f"error: {want}\n" and res.stdout == ""
+    for out in ("-", Path("-"), "./-"):
+        with pytest.raises(ValueError) as ei:
+            pack_dataset(output=out, progress=None)
+        assert str(ei.value) == want.replace("'-'", repr(os.fspath(out)))
+    with pytest.raises(ValueError, match="stdout is not supported"):
+        PackedWriter("-")
+    assert list(tmp_path.iterdir()) == []
+    res = _run("pack", "--output", tmp_path / "-", "--quiet", "--seq-length", "1024")  # a folder named '-' elsewhere
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "-" / "metadata.json").is_file()
+
+
 @pytest.mark.parametrize("bad", [None, 5, ["out"]])
 def test_an_output_that_is_no_path_is_refused_by_type(tmp_path, monkeypatch, bad):
     from seqpack import pack_dataset
@@ -160,13 +184,14 @@ def test_inspect_of_a_damaged_report_prints_only_the_error(packed_dir, tmp_path)
     n = len(report.read_text(encoding="utf-8").splitlines()) + 1
     with open(report, "a", encoding="utf-8") as f:
         f.write("{not json\n")
-    res = _run("inspect", ds, "--no-plot")
-    _user_error(res, 1)
-    assert res.stdout == ""  # the report is read before the summary is printed
-    assert res.stderr == (
-        f"error: {report} line {n}: not JSON (Expecting property name enclosed in double quotes at column 2). "
-        f"report.jsonl was edited or damaged after packing; re-pack, or check it with `seqpack inspect {ds} "
-        "--verify`\n")
+    for flags in (["--no-plot"], ["--json"]):  # --json reads and checks the report the same way
+        res = _run("inspect", ds, *flags)
+        _user_error(res, 1)
+        assert res.stdout == ""  # the report is read before the summary (or the JSON) is printed
+        assert res.stderr == (
+            f"error: {report} line {n}: not JSON (Expecting property name enclosed in double quotes at column 2). "
+            f"report.jsonl was edited or damaged after packing; re-pack, or check it with `seqpack inspect {ds} "
+            "--verify`\n")
 
 
 def test_inspect_writes_report_png(packed_dir, tmp_path):

@@ -4,6 +4,7 @@ plain message on stderr saying which it is and what to run instead, a non-zero e
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -143,3 +144,52 @@ def test_a_bad_plot_path_fails_before_any_shard_is_read(packed, tmp_path, monkey
                 "choose another path")
         finally:
             ro.chmod(0o700)
+
+
+def test_a_packed_dataset_given_as_input_says_it_is_already_packed(packed, tmp_path):
+    import shutil
+
+    from seqpack.data import DataFormatError
+    from seqpack.pipeline import pack_dataset
+
+    src = str(packed.parent / "my packed")
+    shard = packed / "data" / "shard-00000.parquet"
+    cols = "packed columns input_ids, labels, cu_seqlens, cu_seqlens_padded, sample_ids"
+    fix = (f"Fix: to train on it, load it with seqpack.io.load_packed({src!r}), or look at it with `seqpack inspect "
+           f"{src}`; to pack again, give the source records (JSON, JSONL, Parquet of records) as the input.")
+    origin = "packed from " + json.loads((packed / "metadata.json").read_text())["inputs"][0]["path"]
+    cases = {
+        packed: f"is already a seqpack packed dataset (it holds metadata.json; {origin})",
+        packed / "metadata.json": f"is the metadata.json of the seqpack packed dataset {src} ({origin})",
+        shard: f"is a shard of the seqpack packed dataset {src} ({cols}; {origin})",
+    }
+    for given, what in cases.items():
+        msg = _error(_run("pack", given, "-o", tmp_path / "o", "-q"), 1)
+        assert msg == f"error: {given}: {what}: packed rows, not records to pack. {fix}"
+    msg = _error(_run("pack", str(packed / "data" / "*.parquet"), "-o", tmp_path / "o", "-q"), 1)  # by a glob
+    assert msg.startswith(f"error: {shard}: is a shard of the seqpack packed dataset {src} (")
+    lone = tmp_path / "lone.parquet"
+    shutil.copy(shard, lone)
+    msg = _error(_run("pack", lone, "-o", tmp_path / "o", "-q"), 1)
+    assert msg == (f"error: {lone}: is a shard of a seqpack packed dataset ({cols}): packed rows, not records to "
+                   "pack. Fix: to train on it, load it with seqpack.io.load_packed('DATASET_FOLDER'), or look at it "
+                   "with `seqpack inspect DATASET_FOLDER`; to pack again, give the source records (JSON, JSONL, "
+                   "Parquet of records) as the input.")
+    with pytest.raises(DataFormatError, match="is already a seqpack packed dataset") as ei:
+        pack_dataset(packed, tmp_path / "o")
+    assert ei.value.reason == "bad_input"
+    assert not (tmp_path / "o").exists()
+
+
+def test_only_files_with_every_packed_column_are_shards(packed, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqpack.io import is_packed_dataset
+    from seqpack.io.cache import SHARD_COLUMNS, is_packed_shard
+
+    assert is_packed_shard(packed / "data" / "shard-00000.parquet") and is_packed_dataset(packed)
+    pq.write_table(pa.table({c: [[1]] for c in SHARD_COLUMNS[:-1]}), tmp_path / "records.parquet")  # no sample_ids
+    (tmp_path / "text.parquet").write_text("not parquet")
+    assert not is_packed_shard(tmp_path / "records.parquet") and not is_packed_shard(tmp_path / "text.parquet")
+    assert not is_packed_dataset(packed / "metadata.json") and not is_packed_dataset(tmp_path)

@@ -172,3 +172,31 @@ def test_hf_dataset_info_and_unknown_entry_are_refused(lfdir, tmp_path):
         expand_inputs(hf)
     with pytest.raises(DataFormatError, match=r"no dataset entry \['missing'\]"):
         read_dataset_info(lfdir / "dataset_info.json", "alpaca_demo,missing")
+
+
+def test_all_entries_with_some_unreadable_lists_the_usable_ones_and_the_dataset_flag(lfdir, tmp_path):
+    from seqpack.cli.app import app
+
+    info = {"alpaca_demo": INFO["alpaca_demo"], "hub_only": {"hf_hub_url": "org/ds"},
+            "gone": {"file_name": "gone.json"}, "sharegpt_demo": INFO["sharegpt_demo"]}
+    path = lfdir / "dataset_info.json"
+    path.write_text(json.dumps(info))
+    want = (f"{path}: 2 of 4 dataset entries cannot be read ('hub_only': key 'hf_hub_url': seqpack reads local files "
+            f"only; 'gone': key 'file_name': {lfdir / 'gone.json'} not found), and without --dataset every entry is "
+            "packed. Usable entries (their data file is present): ['alpaca_demo', 'sharegpt_demo']. Fix: pick the "
+            "entries to pack with --dataset NAME[,NAME], e.g. `--dataset alpaca_demo,sharegpt_demo` (Python: "
+            "read_dataset_info(path, 'alpaca_demo,sharegpt_demo') as the input), or make the other entries readable.")
+    with pytest.raises(DataFormatError) as ei:
+        expand_inputs(path)
+    assert str(ei.value) == want and ei.value.reason == "bad_input"
+    r = CliRunner().invoke(app, ["pack", str(path), "-o", str(tmp_path / "o"), "-q"])
+    assert r.exit_code == 1 and " ".join(r.stderr.split()) == f"error: {want}"
+    r = CliRunner().invoke(app, ["pack", str(path), "-o", str(tmp_path / "o"), "-q", "--seq-length", "512",
+                                 "--on-error", "skip", "--dataset", "alpaca_demo,sharegpt_demo"])  # the fix works
+    assert r.exit_code == 0, r.output
+    with pytest.raises(DataFormatError, match=r"^[^(]*dataset 'gone', key 'file_name': .*gone.json not found"):
+        read_dataset_info(path, "alpaca_demo,gone")  # a named entry keeps its own error
+    path.write_text(json.dumps({"hub_only": {"hf_hub_url": "org/ds"}, "gone": {"file_name": "gone.json"}}))
+    with pytest.raises(DataFormatError, match=r"2 of 2 dataset entries cannot be read .* No entry is usable\. Fix: "
+                                              r"make an entry readable: download the data"):
+        expand_inputs(path)

@@ -265,3 +265,59 @@ def test_a_cut_off_line_and_a_raw_control_character_are_named_plainly(tmp_path):
     assert "line 2: malformed JSON (a line break inside a string: the text ends before the string does (cut off?) " \
            "at column 33)" in errs[0]
     assert "line 3: malformed JSON (Invalid control character at column 9)" in errs[1] and "at at" not in errs[1]
+
+
+# ----------------------------------------------------------------------- top-level objects, empty files
+
+
+def test_an_empty_json_file_reads_as_no_record_like_jsonl(tmp_path):
+    counted = []
+    for name, content in (("a.json", b""), ("b.json", b"\xef\xbb\xbf \n\t\r\n"), ("c.jsonl", b"\n\n")):
+        (tmp_path / name).write_bytes(content)
+        assert list(iter_records(tmp_path / name, on_count=counted.append)) == []
+    assert counted == [0, 0]  # the .json files report their (empty) count; JSONL is counted by the caller
+
+
+@pytest.mark.parametrize("top, shown, fix", [
+    ({"data": [GOOD, GOOD]}, "an object with keys ['data']",
+     "extract the records: `jq '.data' w.json > w.records.json` (the array under 'data'), and pack that file."),
+    ({"train": [GOOD], "my set": [GOOD], "n": 3}, "an object with keys ['my set', 'n', 'train']",
+     "extract the records: `jq '.train' w.json > w.records.json` (the array under 'train'; arrays of objects are "
+     "also under ['my set']), and pack that file."),
+    ({"my set": [GOOD]}, "an object with keys ['my set']",
+     "extract the records: `jq '.[\"my set\"]' w.json > w.records.json` (the array under 'my set'), and pack that "
+     "file."),
+    ({}, "an empty object {}",
+     "store the records as a JSON array [{...}, {...}], or as JSON Lines (.jsonl, one record per line); a file of "
+     "one record object needs one of the record keys messages, conversations, instruction, output."),
+])
+def test_a_top_level_object_that_is_no_record_is_one_file_error(tmp_path, top, shown, fix):
+    p = tmp_path / "w.json"
+    p.write_text(json.dumps(top))
+    with pytest.raises(DataFormatError) as ei:
+        list(iter_records(p))
+    assert ei.value.reason == "unknown_format" and ei.value.index is None and ei.value.line is None
+    assert str(ei.value) == (f"{p}: a JSON file must hold one array of records (or use JSON Lines); this file's "
+                             f"top level is {shown}. Fix: {fix}")
+
+
+def test_a_top_level_record_object_is_one_record(tmp_path, qwen3_tokenizer):
+    p = tmp_path / "one.json"
+    p.write_text(json.dumps(GOOD))
+    samples, rep = prepare(p, qwen3_tokenizer, seq_length=512)
+    assert [s.sample_id for s in samples] == ["one.json:0"] and rep.records_read == 1
+    p.write_text(json.dumps({"instruction": "only"}))  # a record (with a problem), not a wrapper
+    with pytest.raises(DataFormatError, match=r"record 0: 'output' is missing"):
+        prepare(p, qwen3_tokenizer, seq_length=512)
+
+
+def test_record_keys_are_the_keys_formats_are_detected_by():
+    from seqpack.data.formats import detect_format
+    from seqpack.data.records import RECORD_KEYS
+
+    sharegpt = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    records = [GOOD, {"conversations": sharegpt}, {"instruction": "i", "input": "", "output": "o"},
+               {"image": "x.png", "conversations": sharegpt}, {"images": ["x.png"], **GOOD}]
+    for rec in records:  # every format is told by a record key; without them, no format fits
+        assert detect_format(rec) is not None
+        assert detect_format({k: v for k, v in rec.items() if k not in RECORD_KEYS}) is None

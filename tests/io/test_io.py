@@ -175,6 +175,35 @@ def test_missing_metadata_means_incomplete(written):
         load_packed(out)
 
 
+def test_metadata_json_or_data_of_the_wrong_kind_is_named_as_such(written):
+    import shutil
+
+    out, _, meta = written
+    (out / "metadata.json").unlink()
+    (out / "metadata.json").mkdir()
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(out)
+    assert str(ei.value).startswith(f"{out} is not a complete seqpack packed dataset: metadata.json is a directory, "
+                                    "not a file (a finished `seqpack pack` always writes it last). Fix: check the path")
+    (out / "metadata.json").rmdir()
+    (out / "metadata.json").write_text(json.dumps(meta.to_dict()))
+    assert len(load_packed(out)) == 5
+    shutil.rmtree(out / "data")
+    (out / "data").write_text("x")
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(out)
+    assert str(ei.value) == (f"{out}: data is a file, not the shard folder (shard {meta.shards[0].file} listed in "
+                             "metadata.json is in it); re-pack the data")
+    (out / "data").unlink()
+    (out / "data").mkdir()
+    for s in meta.shards:
+        (out / s.file).mkdir()
+    with pytest.raises(PackedDatasetError) as ei:
+        load_packed(out)
+    assert str(ei.value) == (f"{out}: shard {meta.shards[0].file} listed in metadata.json is a directory, not a "
+                             "file; re-pack the data")
+
+
 def test_refuses_overwrite_without_flag_and_replaces_with_it(written):
     out, rows, _ = written
     with pytest.raises(FileExistsError, match="--overwrite"):

@@ -45,6 +45,28 @@ def test_repeated_input_file_read_once(tmp_path, qwen3_tokenizer):
     assert [p.name for p in dedupe_inputs([b, tmp_path / "link.jsonl", a])] == ["b.jsonl", "a.jsonl"]
 
 
+def test_a_repeated_input_is_named_as_the_user_typed_it(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from seqpack.data.sources import expand_inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    _jsonl(tmp_path / "data" / "chat.jsonl", _chat(2))
+    logs: list[str] = []
+    got = dedupe_inputs(["data/chat.jsonl", "./data/chat.jsonl", "./data/*.jsonl", Path("data") / "chat.jsonl"],
+                        logs.append)
+    assert got == [Path("data/chat.jsonl")]
+    tail = "(listed twice, e.g. by a path and an overlapping glob): read once, so each record is packed once"
+    assert logs == [f"input ./data/chat.jsonl is the same file as data/chat.jsonl {tail}",
+                    f"input ./data/chat.jsonl (matched by './data/*.jsonl') is the same file as data/chat.jsonl {tail}",
+                    f"input data/chat.jsonl is the same file as data/chat.jsonl {tail}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqpack.data.sources"):  # prepare()'s path: no log, the logger
+        assert expand_inputs(["./data/chat.jsonl", "data/chat.jsonl"]) == [Path("data/chat.jsonl")]
+    assert caplog.messages == [f"input data/chat.jsonl is the same file as ./data/chat.jsonl {tail}"]
+
+
 def test_a_repeated_input_is_a_warning_on_the_cli_even_with_quiet(tmp_path):
     import subprocess
     import sys
@@ -124,16 +146,23 @@ def test_load_packed_verify_sha256(small_packed, tmp_path):
     assert r.exit_code == 0 and "verified sha256 of" in r.output
 
 
-@pytest.mark.parametrize("content,name", [("", "empty.jsonl"), ("[]", "empty.json")])
-def test_empty_input_named(tmp_path, qwen3_tokenizer, content, name):
+@pytest.mark.parametrize("content,name,why", [
+    (b"", "empty.jsonl", "is empty (0 records)"),
+    (b"", "empty.json", "is empty (0 records)"),  # 0 bytes: the same text as .jsonl, not "not valid JSON"
+    (b" \n\r\n\t\n", "blank.json", "is empty (0 records)"),
+    (b"\xef\xbb\xbf\n\n", "bom.jsonl", "is empty (0 records)"),
+    (b"[]", "array.json", "holds an empty JSON array (0 records)"),
+])
+def test_empty_input_named(tmp_path, qwen3_tokenizer, content, name, why):
     p = tmp_path / name
-    p.write_text(content)
+    p.write_bytes(content)
     with pytest.raises(NothingToPackError) as ei:
         pack_dataset(p, tmp_path / "out", tokenizer=qwen3_tokenizer, seq_length=512)
-    msg = str(ei.value)
-    assert str(p) in msg and "0 records read" in msg and "Fix:" in msg
+    assert str(ei.value) == (
+        f"no record to pack: {p} {why}. Fix: check that the path points to the data file you meant (JSON array of "
+        "records, JSONL with one record per line, or Parquet) and that it is not empty")
     r = runner.invoke(app, ["pack", str(p), "--output", str(tmp_path / "o"), "-q"])
-    assert r.exit_code == 1 and name in r.output
+    assert r.exit_code == 1 and f"error: no record to pack: {p} {why}. Fix:" in " ".join(r.output.split())
     assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
 
 
@@ -144,7 +173,7 @@ def test_empty_input_among_others_logged(tmp_path, qwen3_tokenizer):
     res = pack_dataset([empty, sample_data_path()], tmp_path / "out", tokenizer=qwen3_tokenizer,
                        seq_length=2048, log=logs.append)
     assert res.metadata.counts["samples_packed"] > 0
-    assert any(str(empty) in m and "no record" in m for m in logs)
+    assert f"input {empty} is empty (0 records)" in logs
 
 
 def test_in_memory_records_packed_once(tmp_path, qwen3_tokenizer):

@@ -152,12 +152,12 @@ def path_kind_problem(path: Path, want: str, what: str, fix: str) -> str | None:
         # 'CONFIG packed is a folder, not a file. It holds a packed dataset (metadata.json): to check it,
         #  run `seqpack inspect packed --verify`. Fix: pass a .yaml/.yml/.json config file'
     """
-    from seqpack.io import METADATA_FILE  # defers pyarrow (the seqpack.io package): only an error reads it
+    from seqpack.io import METADATA_FILE, is_packed_dataset  # defers pyarrow (the seqpack.io package)
 
     q = shlex.quote(str(path))
     if want == "file" and path.is_dir():
         hint = (f" It holds a packed dataset ({METADATA_FILE}): to check it, run `seqpack inspect {q} --verify`."
-                if (path / METADATA_FILE).is_file() else "")
+                if is_packed_dataset(path) else "")
         return f"{what} {path} is a folder, not a file.{hint} Fix: {fix}"
     if want == "folder" and path.exists() and not path.is_dir():
         if path.name == METADATA_FILE:

@@ -302,7 +302,8 @@ def inspect(
     plot: Optional[str] = typer.Option(None, "--plot", metavar="PATH",  # str: keeps a trailing "/" (a folder)
                                        help="Where to write the PNG (default DIR/report.png)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Only print the summary."),
-    as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks) and nothing else."),
+    as_json: bool = typer.Option(False, "--json", help="Print metadata.json (after the checks, report.jsonl read "
+                                 "too) and nothing else."),
     verify: bool = typer.Option(
         False, "--verify", help="Also check every shard's sha256 against metadata.json, metadata.json / "
         "report.jsonl against their recorded hashes, and every pack's invariants (reads every shard)."
@@ -322,10 +323,10 @@ def inspect(
             if not as_json:
                 _out.print(f"verified sha256 of {len(ds.metadata.shards)} shard(s), metadata.json and report.jsonl, "
                            f"and the invariants of {packs} pack(s)", highlight=False)
-        if as_json:
+        entries = ds.report()  # a damaged report fails before anything is printed, --json too
+        if as_json:  # metadata.json as it is: its counts are the ones the summary prints
             typer.echo(ds.metadata.to_json(), nl=False)
             return
-        entries = ds.report()  # a damaged report fails before anything is printed
         _out.print(_summary_table(f"packed dataset: {path}", summary_rows(ds.metadata)))
         _print_entries(entries, Path(path))
         if not no_plot:

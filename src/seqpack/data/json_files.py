@@ -9,7 +9,11 @@ newlines (CR, LF and CRLF), so its line numbers are those an editor shows. A ``.
 one JSON document spread over several lines (a pretty-printed array, or objects written with
 ``indent=``) is refused as a whole, naming the fix, instead of reporting every line as malformed.
 
-A ``.json`` file holds one top-level array of records (or one record object). A ``.json`` file holding
+An empty file (0 bytes, or only whitespace) holds no record, ``.json`` and ``.jsonl`` alike
+(:func:`is_blank_file`). A ``.json`` file holds one top-level array of records, or one record object (one that
+has a record key, :data:`~seqpack.data.records.RECORD_KEYS`); any other top-level object, such as a wrapper
+``{"data": [...]}``, is refused as a whole, naming its keys (seqpack does not guess which key holds the
+records; the fix names the ``jq`` command that extracts an array of records). A ``.json`` file holding
 JSON Lines (its first line one complete object, more values on the following lines) is read as JSONL;
 any other text after the top-level value is refused, naming where it starts.
 """
@@ -17,16 +21,20 @@ any other text after the top-level value is refused, naming where it starts.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from seqpack.data.records import DataFormatError, RawRecord, json_kind
+from seqpack.data.records import RECORD_KEYS, DataFormatError, RawRecord, json_kind
 
-__all__ = ["iter_json", "iter_jsonl", "jsonl_lines"]
+__all__ = ["is_blank_file", "iter_json", "iter_jsonl", "jsonl_lines"]
 
 _BOM = b"\xef\xbb\xbf"
 _CHUNK = 1 << 20
+_JSON_SPACE = " \t\r\n"  # the whitespace JSON allows between values (RFC 8259)
 
 
 def jsonl_lines(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -145,18 +153,36 @@ def _refuse_multiline_json(path: Path, lineno: int | None, text: str) -> None:
     )
 
 
+def is_blank_file(path: str | os.PathLike) -> bool:
+    """Whether the file at ``path`` holds nothing but whitespace (0 bytes, blank lines; a leading UTF-8 BOM
+    aside): an empty file, whose records are none. Reads only up to its first other byte."""
+    with open(path, "rb") as f:
+        first = True
+        while chunk := f.read(_CHUNK):
+            if (chunk.removeprefix(_BOM) if first else chunk).strip(_JSON_SPACE.encode()):
+                return False
+            first = False
+    return True
+
+
 def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = None) -> Iterator[RawRecord]:
     """The records of a ``.json`` file: the elements of its top-level array (``index`` 0-based), or the one
-    record it holds (a top-level object); ``on_count(n)`` is called once the array is parsed. A file of JSON
-    Lines (first line one complete object) is read as :func:`iter_jsonl`.
+    record it holds (a top-level object with a record key); none for an empty file (0 bytes or only whitespace, as a ``.jsonl``
+    file); ``on_count(n)`` is called once the array is parsed. A file of JSON Lines (first line one complete
+    object) is read as :func:`iter_jsonl`.
 
     Raises:
         DataFormatError: the file is not UTF-8 (``"bad_encoding"``), not valid JSON, or has text after
             its top-level value (``"malformed_json"``, naming the line and column), or its top-level value
-            is not an array or object (``"unknown_format"``).
+            is not an array or a record object (``"unknown_format"``; a wrapper object ``{"data": [...]}`` names
+            the ``jq`` command that extracts the array).
     """
     src = str(path)
     text = decode_whole(path)
+    if not text.strip(_JSON_SPACE):  # an empty file: no record, as an empty .jsonl (the caller names it)
+        if on_count is not None:
+            on_count(0)
+        return
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -175,6 +201,8 @@ def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = N
         return
     del text  # the parsed records hold their own strings: one copy of a large file, not two
     if isinstance(data, dict):
+        if not any(k in data for k in RECORD_KEYS):
+            raise _not_an_array(path, data)
         data = [data]
     if not isinstance(data, list):
         raise DataFormatError(
@@ -185,6 +213,28 @@ def iter_json(path: Path, base: Path, on_count: Callable[[int], None] | None = N
         on_count(len(data))
     for i, rec in enumerate(data):
         yield RawRecord(rec, src, i, base_dir=base)
+
+
+def _not_an_array(path: Path, obj: dict) -> DataFormatError:
+    """The error for a ``.json`` file whose top-level value is an object that is no record (no
+    :data:`~seqpack.data.records.RECORD_KEYS`): a wrapper such as ``{"data": [...]}``. The keys holding a
+    list of objects are named, with the ``jq`` command that extracts the first one."""
+    what = f"an object with keys {sorted(obj)[:12]}" if obj else "an empty object {}"
+    lists = [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+    if lists:
+        key = lists[0]
+        sel = f".{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f".[{json.dumps(key)}]"
+        sel = f"'{sel}'" if "'" not in sel else shlex.quote(sel)  # quoted for the shell, as jq filters are
+        others = f"; arrays of objects are also under {lists[1:6]}" if len(lists) > 1 else ""
+        fix = (f"extract the records: `jq {sel} {shlex.quote(path.name)} > "
+               f"{shlex.quote(path.stem + '.records.json')}` (the array under {key!r}{others}), and pack that file.")
+    else:
+        fix = ("store the records as a JSON array [{...}, {...}], or as JSON Lines (.jsonl, one record per line); "
+               f"a file of one record object needs one of the record keys {', '.join(RECORD_KEYS)}.")
+    return DataFormatError(
+        f"a JSON file must hold one array of records (or use JSON Lines); this file's top level is {what}.",
+        source=str(path), reason="unknown_format", fix=fix,
+    )
 
 
 def _trailing_data(path: Path, text: str, e: json.JSONDecodeError) -> DataFormatError:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -110,7 +112,8 @@ def read_dataset_info(path: str | os.PathLike, dataset: str | list[str] | None =
     Raises:
         DataFormatError: the file is not a JSON object of entries; an entry is unknown, has an unknown
             or ill-typed key, a source seqpack does not read, or a missing / unsupported data file (the
-            message names the entry and the key).
+            message names the entry and the key). With ``dataset=None`` and more than one entry, one error
+            lists the entries that cannot be read, the usable ones and the ``--dataset`` that picks them.
     """
     src = os.fspath(path)
     try:
@@ -131,10 +134,38 @@ def read_dataset_info(path: str | os.PathLike, dataset: str | list[str] | None =
         raise DataFormatError(f"no dataset entry {unknown} (entries: {list(info)[:20]}).", source=src,
                               reason="bad_input", fix="pick entries defined in this dataset_info.json.")
     out: list[LlamaFactorySource] = []
+    refused: list[tuple[str, DataFormatError]] = []
     for n in names:
-        attrs = entry_attributes(n, info[n], src)
-        out.extend(_entry_sources(n, attrs, src))
+        try:
+            out.extend(_entry_sources(n, entry_attributes(n, info[n], src), src))
+        except DataFormatError as e:
+            if dataset is not None or len(names) == 1:  # an entry the user named: its own error
+                raise
+            refused.append((n, e))
+    if refused:
+        raise _unusable_entries(src, names, refused)
     return out
+
+
+def _unusable_entries(src: str, names: list[str], refused: list[tuple[str, DataFormatError]]) -> DataFormatError:
+    """The error for a ``dataset_info.json`` read whole (no entry named) where some entries cannot be read
+    (hub-only, a data file absent, ...): the entries that can (their files are present) and how to pick them."""
+    bad = {n for n, _ in refused}
+    usable = [n for n in names if n not in bad]
+    shown = "; ".join(f"{n!r}: {e.detail.removeprefix(f'dataset {n!r}, ').rstrip('.')}" for n, e in refused[:3])
+    keys = Counter(m.group(1) if (m := re.match(r"dataset .*?, key '([^']*)'", e.detail)) else "?" for _, e in refused)
+    more = f"; and {len(refused) - 3} more; by key: {dict(keys.most_common())}" if len(refused) > 3 else ""
+    if usable:
+        pick = ",".join(usable[:5])
+        fix = (f"pick the entries to pack with --dataset NAME[,NAME], e.g. `--dataset {pick}` (Python: "
+               f"read_dataset_info(path, {pick!r}) as the input), or make the other entries readable.")
+        have = f" Usable entries (their data file is present): {usable[:20]}" + (
+            f" and {len(usable) - 20} more." if len(usable) > 20 else ".")
+    else:
+        fix, have = f"make an entry readable: {refused[0][1].fix}", " No entry is usable."
+    return DataFormatError(
+        f"{len(refused)} of {len(names)} dataset entries cannot be read ({shown}{more}), and without --dataset every "
+        f"entry is packed.{have}", source=src, reason="bad_input", fix=fix)
 
 
 def _refuse(src: str, entry: str, key: str, message: str, fix: str) -> DataFormatError:

@@ -12,10 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMAGE_PLACEHOLDER", "Conversation", "DataFormatError", "RawRecord"]
+__all__ = ["IMAGE_PLACEHOLDER", "RECORD_KEYS", "Conversation", "DataFormatError", "RawRecord"]
 
 #: The text that stands for one image in a record (LLaVA / LLaMA-Factory convention).
 IMAGE_PLACEHOLDER = "<image>"
+
+#: The keys ``seqpack.data.formats.detect_format`` tells a record's format by (openai ``messages``, sharegpt /
+#: LLaVA ``conversations``, alpaca ``instruction`` + ``output``): an object holding none of them is no record of
+#: any format (a ``.json`` file's top-level object without them is a wrapper, refused by ``seqpack.data.json_files``).
+RECORD_KEYS = ("messages", "conversations", "instruction", "output")
 
 
 class DataFormatError(ValueError):

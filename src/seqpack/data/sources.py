@@ -31,6 +31,7 @@ __all__ = [
     "dataset_name",
     "dedupe_paths",
     "expand_inputs",
+    "expand_named",
     "is_dataset",
     "iter_records",
     "strip_arrow_nulls",
@@ -45,7 +46,7 @@ class InMemoryRecords(list):
     name = "records"
 
 
-def expand_inputs(inputs: Any) -> list[Any]:
+def expand_inputs(inputs: Any, log: Callable[[str], None] | None = None) -> list[Any]:
     """Expand ``inputs`` (a path, a glob, a ``datasets.Dataset``, a list of those, or a list of
     record dicts) to a list of ``Path`` objects, dataset objects and ``InMemoryRecords``, in the
     given order (globs sorted). A ``datasets`` ``save_to_disk`` folder is one input; a LLaMA-Factory
@@ -54,22 +55,32 @@ def expand_inputs(inputs: Any) -> list[Any]:
 
     A file reached twice (the same path given twice, a glob overlapping a path, a symlink to a file
     already listed) is read once, at its first position: later occurrences are dropped by real path
-    (``os.path.realpath``) and logged at WARNING level on the ``seqpack.data.sources`` logger.
+    (``os.path.realpath``) and reported through ``log``, else logged at WARNING level on the
+    ``seqpack.data.sources`` logger, naming both as given (:func:`dedupe_paths`).
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
         DataFormatError: a directory that is not a ``save_to_disk`` folder of one ``Dataset``, a
             ``DatasetDict`` (object or folder), or a ``dataset_info.json`` that does not parse.
     """
+    pairs = expand_named(inputs)
+    return dedupe_paths([x for x, _ in pairs], log, names=[n for _, n in pairs])
+
+
+def expand_named(inputs: Any) -> list[tuple[Any, str | None]]:
+    """:func:`expand_inputs` before repeats are dropped: ``(input, name as given)`` pairs, the name being the
+    path as the user typed it (``"./data/chat.jsonl"``, which ``Path`` shortens) or a glob's match with the glob
+    (``"./data/chat.jsonl (matched by './data/*.jsonl')"``); ``None`` for datasets, record lists and LLaMA-Factory
+    sources. Raises as :func:`expand_inputs`."""
     if isinstance(inputs, (str, os.PathLike)) or is_dataset(inputs) or is_dataset_dict(inputs):
         inputs = [inputs]
     if isinstance(inputs, InMemoryRecords):
-        return [inputs]
+        return [(inputs, None)]
     if isinstance(inputs, (list, tuple)) and inputs and all(
         isinstance(x, dict) and not is_dataset_dict(x) for x in inputs
     ):
-        return [InMemoryRecords(inputs)]
-    out: list[Any] = []
+        return [(InMemoryRecords(inputs), None)]
+    out: list[tuple[Any, str | None]] = []
     for item in inputs:
         if is_dataset_dict(item):
             raise DataFormatError(
@@ -79,22 +90,22 @@ def expand_inputs(inputs: Any) -> list[Any]:
                 fix="pass one split, e.g. ds['train'].",
             )
         if is_dataset(item) or isinstance(item, LlamaFactorySource):
-            out.append(item)
+            out.append((item, None))
             continue
         s = os.fspath(item)
         if any(ch in s for ch in "*?["):
             matches = sorted(_glob.glob(s, recursive=True))
             if not matches:
                 raise FileNotFoundError(f"input glob {s!r} matches no file. Fix: check the pattern and the cwd.")
-            out.extend(Path(m) for m in matches if not Path(m).is_dir())
+            out.extend((Path(m), f"{m} (matched by {s!r})") for m in matches if not Path(m).is_dir())
             continue
         p = Path(s)
         if p.is_dir():
             _check_saved_dataset(p)
         elif not p.exists():
             raise FileNotFoundError(f"input file {s!r} does not exist. Fix: check the path (cwd = {os.getcwd()}).")
-        out.extend(read_dataset_info(p) if is_dataset_info(p) else [p])
-    return dedupe_paths(out)
+        out.extend([(x, None) for x in read_dataset_info(p)] if is_dataset_info(p) else [(p, s)])
+    return out
 
 
 def _check_saved_dataset(p: Path) -> None:
@@ -114,25 +125,29 @@ def _check_saved_dataset(p: Path) -> None:
         )
 
 
-def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None) -> list[Any]:
+def dedupe_paths(items: list[Any], log: Callable[[str], None] | None = None,
+                 names: list[str | None] | None = None) -> list[Any]:
     """Drop files whose real path was already listed (first occurrence wins); datasets are kept.
 
-    Each dropped repeat is reported through ``log`` when given, else as a WARNING on this module's logger.
+    Each dropped repeat is reported through ``log`` when given, else as a WARNING on this module's logger,
+    naming both files by ``names`` (one per item: the path as the user typed it, :func:`expand_named`; an item
+    without one is named by its ``Path``), e.g. ``"input ./a.jsonl is the same file as a.jsonl ..."``.
     """
-    seen: dict[str, Path] = {}
+    seen: dict[str, str] = {}
     out: list[Any] = []
-    for it in items:
+    for k, it in enumerate(items):
         if isinstance(it, Path):
             real = os.path.realpath(it)
+            name = (names[k] if names is not None else None) or os.fspath(it)
             if real in seen:
-                msg = (f"input {os.fspath(it)} is the same file as {os.fspath(seen[real])} (listed twice, e.g. by a "
+                msg = (f"input {name} is the same file as {seen[real]} (listed twice, e.g. by a "
                        "path and an overlapping glob): read once, so each record is packed once")
                 if log is not None:
                     log(msg)
                 else:
                     logger.warning("%s", msg)
                 continue
-            seen[real] = it
+            seen[real] = name
         out.append(it)
     return out
 

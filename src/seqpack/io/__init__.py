@@ -6,6 +6,7 @@ Public API:
                                     ``verify=`` shard sha256 check, ``load_media=`` pixel recomputation
                                     for image-text packs (per-pack ``media`` column: paths + grids)
     PackedMetadata, ShardInfo    -- ``metadata.json`` contents
+    is_packed_dataset            -- whether a folder is a packed dataset (it holds ``metadata.json``)
     compute_fingerprint, describe_input, sha256_file    -- content hashes
     PackedDatasetError, StalePackedDatasetError         -- errors
     lock_output, OutputBusyError -- one run at a time per output folder (seqpack.io.output_lock)
@@ -20,6 +21,7 @@ from seqpack.io.metadata import (
     PackedMetadata,
     ShardInfo,
     StalePackedDatasetError,
+    is_packed_dataset,
 )
 from seqpack.io.reader import EXPECT_KEYS, MEDIA_EXPECT_KEYS, PackedDataset, load_packed
 from seqpack.io.output_dir import check_output_dir, check_output_file
@@ -45,6 +47,7 @@ __all__ = [
     "check_output_file",
     "compute_fingerprint",
     "describe_input",
+    "is_packed_dataset",
     "load_packed",
     "lock_output",
     "sha256_file",

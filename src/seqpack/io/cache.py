@@ -38,10 +38,12 @@ import pyarrow.parquet as pq
 from seqpack.io.fingerprint import sha256_file
 from seqpack.io.metadata import CACHE_DIR, PackedDatasetError
 
-__all__ = ["CACHE_DIR", "ShardIdentity", "ShardCache", "check_shard", "open_shard", "private_cache_root", "read_shard"]
+__all__ = ["CACHE_DIR", "SHARD_COLUMNS", "ShardIdentity", "ShardCache", "check_shard", "is_packed_shard", "open_shard",
+           "private_cache_root", "read_shard"]
 
 _SOURCE_KEY = b"seqpack.source"
-_REQUIRED = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
+#: The columns the reader needs of every shard (a Parquet file holding them all is packed rows, not records).
+SHARD_COLUMNS = ("input_ids", "labels", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _CACHE_ERRORS = (pa.ArrowException, OSError, KeyError, ValueError, TypeError, IndexError)
 
 
@@ -70,6 +72,17 @@ class ShardIdentity:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 
 
+def is_packed_shard(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Parquet file with every column the reader needs of a packed shard
+    (:data:`SHARD_COLUMNS`): packed rows, not records. Reads the footer only; a file that is not readable
+    Parquet is not a shard."""
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError):
+        return False
+    return set(SHARD_COLUMNS) <= set(names)
+
+
 def _unreadable(dataset: Path, name: str, e: BaseException) -> PackedDatasetError:
     return PackedDatasetError(
         f"{dataset}: shard {name} is not a readable Parquet file ({type(e).__name__}: {str(e)[:200]}); it was "
@@ -94,7 +107,7 @@ def check_shard(dataset: Path, name: str, *, num_bytes: int, num_rows: int, sha2
             f"{dataset}: shard {name} resolves to {real}, outside the dataset folder (a symlink?); "
             "seqpack reads shards only inside the dataset. Re-pack the data")
     if not f.is_file():
-        raise PackedDatasetError(f"{dataset}: shard {name} listed in metadata.json is missing; re-pack the data")
+        raise PackedDatasetError(f"{dataset}: {_shard_missing(dataset, name)}; re-pack the data")
     with open(f, "rb") as fh:
         st = os.fstat(fh.fileno())
         if num_bytes and st.st_size != num_bytes:
@@ -117,6 +130,17 @@ def check_shard(dataset: Path, name: str, *, num_bytes: int, num_rows: int, sha2
     if rows != num_rows:
         raise PackedDatasetError(f"{dataset}: shard {name} has {rows} rows, metadata.json says {num_rows}")
     return ShardIdentity.of(f, st, rows, sha256)
+
+
+def _shard_missing(dataset: Path, name: str) -> str:
+    """Why shard ``name`` (listed in ``metadata.json``) is not a file in ``dataset``: a folder on its path is a
+    file (``data`` replaced by a file), the shard is a directory, or it is missing."""
+    for folder in reversed(Path(name).parents[:-1]):  # "data" for "data/shard-00000.parquet"
+        if (dataset / folder).exists() and not (dataset / folder).is_dir():
+            return f"{folder.as_posix()} is a file, not the shard folder (shard {name} listed in metadata.json is in it)"
+    if (dataset / name).is_dir():
+        return f"shard {name} listed in metadata.json is a directory, not a file"
+    return f"shard {name} listed in metadata.json is missing"
 
 
 def open_shard(dataset: Path, name: str, ident: ShardIdentity) -> BinaryIO:
@@ -228,7 +252,7 @@ class ShardCache:
             source = (table.schema.metadata or {}).get(_SOURCE_KEY)
             if source != ident.to_bytes():
                 return None  # built from another shard (or by an older seqpack): rebuild, nothing is wrong
-            missing = [c for c in _REQUIRED if c not in table.column_names]
+            missing = [c for c in SHARD_COLUMNS if c not in table.column_names]
             if missing or table.num_rows != ident.num_rows:
                 raise ValueError(f"missing columns {missing}" if missing else
                                  f"{table.num_rows} rows, the shard has {ident.num_rows}")

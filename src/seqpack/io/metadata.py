@@ -20,6 +20,7 @@ __all__ = [
     "SHARD_FILE",
     "check_metadata",
     "FORMAT_VERSION",
+    "is_packed_dataset",
     "METADATA_FILE",
     "REPORT_FILE",
     "REPORT_PNG",
@@ -36,6 +37,12 @@ REPORT_FILE = "report.jsonl"
 REPORT_PNG = "report.png"  # written by ``seqpack inspect`` (seqpack.io.summary.plot_report)
 DATA_DIR = "data"
 CACHE_DIR = ".cache"  # the reader's Arrow cache inside a dataset (seqpack.io.cache)
+
+
+def is_packed_dataset(path: str | Path) -> bool:
+    """Whether ``path`` is a seqpack packed dataset folder: a folder holding a ``metadata.json`` file (the
+    file a finished pack writes last; whether the dataset is whole is ``load_packed``'s check)."""
+    return Path(path).is_dir() and (Path(path) / METADATA_FILE).is_file()
 
 
 class PackedDatasetError(ValueError):
@@ -201,8 +208,8 @@ class PackedMetadata:
         """Read ``DIR/metadata.json``.
 
         Raises:
-            PackedDatasetError: the file is missing (incomplete or interrupted write), a symlink to a file
-                outside ``DIR``, or not valid JSON.
+            PackedDatasetError: the file is missing (incomplete or interrupted write) or a directory, a
+                symlink to a file outside ``DIR``, or not valid JSON.
         """
         p = Path(directory) / METADATA_FILE
         if not p.is_file():
@@ -213,8 +220,9 @@ class PackedMetadata:
             else:
                 fix = ("pack into a new directory: `seqpack pack ... --output NEW_DIR` (seqpack pack never "
                        "replaces a directory that is not a packed dataset, even with --overwrite)")
+            what = "is a directory, not a file" if p.is_dir() else "is missing"
             raise PackedDatasetError(
-                f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} is missing "
+                f"{directory} is not a complete seqpack packed dataset: {METADATA_FILE} {what} "
                 f"(a finished `seqpack pack` always writes it last). Fix: check the path, or {fix}."
             )
         real, root = p.resolve(), Path(directory).resolve()
@@ -316,14 +324,7 @@ def _model():
     global _MODEL
     if _MODEL is not None:
         return _MODEL
-    from pydantic import (
-        BaseModel,
-        ConfigDict,
-        StrictInt,
-        create_model,
-        field_validator,
-        model_validator,
-    )
+    from pydantic import BaseModel, ConfigDict, StrictInt, create_model, field_validator, model_validator
 
     class _ShardChecks(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -5,11 +5,10 @@ Rules:
 
 - The output location is checked before any data is read (:func:`check_output_dir`): its parent must be
   a directory seqpack can create entries in, the output must not be a file or a mount point (a dataset
-  is published by renaming a finished folder onto the output path).
+  is published by renaming a finished folder onto the output path), nor ``-`` (stdout: a dataset is a folder).
 - An existing dataset is replaced only with ``overwrite=True``, and only if the folder holds nothing but
   what seqpack writes (:data:`SEQPACK_ENTRIES`, and in ``data/`` the shards its ``metadata.json`` lists);
-  any other file is named in the refusal and never deleted. A non-empty folder that is not a seqpack dataset is never
-  deleted.
+  any other file is named in the refusal and never deleted, nor is a non-empty folder that is no seqpack dataset.
 - Publishing is atomic from the reader's view: on Linux the finished folder and the old dataset are
   swapped with one ``renameat2(RENAME_EXCHANGE)`` call, so the output path holds the old or the new
   dataset at every instant. Elsewhere (or on a file system without it) the old dataset is renamed aside to
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from seqpack.io.metadata import (CACHE_DIR, DATA_DIR, METADATA_FILE, REPORT_FILE, REPORT_PNG, PackedDatasetError,
-                                 PackedMetadata)
+                                 PackedMetadata, is_packed_dataset)
 
 __all__ = [
     "LEFTOVER_KINDS",
@@ -158,9 +157,7 @@ def check_location(out: Path) -> None:
 def _check_location(out: Path) -> None:
     parent = out.absolute().parent
     probe = parent
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
         raise NotADirectoryError(
@@ -253,7 +250,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
         PermissionError: the nearest existing parent is not writable; an existing dataset to overwrite
             that this user cannot delete (a folder of it not writable).
         TypeError: ``output`` is not a str or path (e.g. ``None``).
-        ValueError: ``output`` is an empty string.
+        ValueError: ``output`` is an empty string, or ``"-"`` (stdout: a packed dataset is a folder).
         FileExistsError: ``output`` is a file or a mount point; an existing seqpack dataset and
             ``overwrite`` is False; a dataset holding files seqpack did not write (named, never
             deleted); a non-empty directory that is not a seqpack dataset (never deleted).
@@ -263,6 +260,9 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
                         f"{type(output).__name__}")
     if not str(output).strip():  # Path("") is Path("."): an empty --output would mean the current folder
         raise ValueError(f"output {str(output)!r} is empty; pass the dataset folder to create, e.g. --output packed")
+    if Path(output) == Path("-"):  # stdout by the shell convention ("./-" too): never a folder named "-" here
+        raise ValueError(f"output {os.fspath(output)!r}: packed output is a folder (shards + metadata.json); stdout is "
+                         "not supported. Fix: pass the dataset folder to create, e.g. --output packed")
     out = Path(output)
     check_location(out)
     if not out.exists():
@@ -271,7 +271,7 @@ def check_output_dir(output: str | os.PathLike, overwrite: bool) -> Path:
         raise FileExistsError(f"output {out} exists and is a file, not a directory; choose another --output")
     if not any(out.iterdir()):
         return out
-    if (out / METADATA_FILE).is_file():
+    if is_packed_dataset(out):
         if not overwrite:
             raise FileExistsError(
                 f"output {out} already holds a packed dataset; pass --overwrite (overwrite=True) to "
@@ -342,8 +342,7 @@ def remove_leftovers(output: str | os.PathLike) -> list[Path]:
     return handled
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100  # renameat2's flag; "paths relative to the cwd"
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -23,12 +23,13 @@ from seqpack.data.length_policy import OVERLENGTH_POLICIES
 from seqpack.data.media.images import PixelBoundsError, load_image_processor, processor_settings
 from seqpack.data.media_root import MediaRoot, common_media_root
 from seqpack.data.prepare import ON_ERROR
-from seqpack.data.sources import dedupe_paths, expand_inputs
+from seqpack.data.sources import dedupe_paths, expand_inputs, expand_named
 from seqpack.data.tokenizer import check_tokenizer_type
 from seqpack.io.metadata import FORMAT_VERSION
 from seqpack.io.fingerprint import FINGERPRINT_SETTINGS
 from seqpack.io.output_dir import check_inputs_outside, check_output_dir
 from seqpack.padding import check_positive_int, check_seq_length, compute_pad_multiple
+from seqpack.pipeline.packed_input import refuse_packed_input
 
 __all__ = [
     "NothingToPackError",
@@ -270,20 +271,27 @@ def dedupe_inputs(inputs: Sequence[Any], log: Callable[[str], None] | None = Non
     and every record packed twice (duplicate ``sample_ids``). Files are compared by
     ``os.path.realpath`` (symlinks and ``./a`` vs ``a`` resolve to the same file); in-memory
     datasets/records are never merged. Each dropped repeat is reported through ``log`` (else as a
-    WARNING on the ``seqpack.data.sources`` logger).
+    WARNING on the ``seqpack.data.sources`` logger), naming both files as they were given.
 
     Returns:
         the expanded inputs (``Path`` objects, datasets, record lists), without repeats.
 
     Raises:
         FileNotFoundError / DataFormatError: from ``seqpack.data.sources.expand_inputs`` (missing path,
-            empty glob, directory).
+            empty glob, directory); a seqpack packed dataset, its ``metadata.json`` or a shard of it
+            (:func:`seqpack.pipeline.packed_input.refuse_packed_input`).
     """
     inputs = list(inputs)
     if inputs and all(isinstance(x, dict) for x in inputs):  # one list of in-memory records
         return expand_inputs(inputs)
-    expanded = [x for item in inputs for x in expand_inputs([item])]  # per item: repeats are seen here
-    return dedupe_paths(expanded, log)
+    pairs = []  # (input, name as typed)
+    for item in inputs:  # per item: repeats are seen here
+        if isinstance(item, (str, os.PathLike)) and Path(item).is_dir():
+            refuse_packed_input(item)  # before expand_inputs takes it for a datasets folder
+        pairs += expand_named([item])
+    for x, _ in pairs:
+        refuse_packed_input(x)  # a shard or metadata.json, also when a glob matched it
+    return dedupe_paths([x for x, _ in pairs], log, names=[n for _, n in pairs])
 
 
 def resolve_image_processor(

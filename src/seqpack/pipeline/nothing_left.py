@@ -3,10 +3,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from seqpack.accounting import PrepareReport, SampleRecord
+from seqpack.data.json_files import is_blank_file
 from seqpack.pipeline.job import PackJob
 
-__all__ = ["lost_to_truncation", "nothing_left_fixes"]
+__all__ = ["empty_input_text", "lost_to_truncation", "nothing_left_fixes"]
+
+
+def empty_input_text(name: str) -> str:
+    """An input file that gave no record, and why, for messages: ``"e/a.json is empty (0 records)"`` for a file
+    of 0 bytes or only whitespace (``.json`` and ``.jsonl`` alike), ``"e/b.json holds an empty JSON array (0
+    records)"``, ``"e/c.parquet holds no row (0 records)"``."""
+    p = Path(name)
+    try:
+        blank = p.is_file() and is_blank_file(p)
+    except OSError:
+        blank = False
+    if blank:
+        return f"{name} is empty (0 records)"
+    if p.suffix.lower() == ".json":
+        return f"{name} holds an empty JSON array (0 records)"
+    return f"{name} holds no row (0 records)"
 
 
 def lost_to_truncation(entry: SampleRecord, seq_length: int) -> bool:

@@ -23,11 +23,11 @@ from seqpack.data.prepare import UNLIMITED, display_names, rename_source
 from seqpack.accounting import PrepareReport
 from seqpack.data.sources import InMemoryRecords
 from seqpack.data.tokenizer import load_tokenizer, tokenizer_fingerprint
-from seqpack.io.metadata import METADATA_FILE
+from seqpack.io.metadata import is_packed_dataset
 from seqpack.io.report_file import rejected_report_path, write_rejected_report
 from seqpack.io.writer import PackedWriter
 from seqpack.pipeline.job import NothingToPackError, PackJob, resolve_image_processor
-from seqpack.pipeline.nothing_left import nothing_left_fixes
+from seqpack.pipeline.nothing_left import empty_input_text, nothing_left_fixes
 
 __all__ = [
     "JobTokenizer",
@@ -285,13 +285,15 @@ def check_prepared(
         + (f" ({stats['images']} images, {stats['image_tokens']} image tokens)" if stats.get("images") else ""))
     empty = _empty_inputs(job.inputs, sources, report.entries)
     for name in empty:
-        say(f"input {name} holds no record (empty file or empty JSON array)")
+        say(f"input {empty_input_text(name)}")
     if num_samples:
         return
     names = ", ".join(_input_label(i) for i in job.inputs)
     if report.records_read == 0:
+        what = "; ".join(map(empty_input_text, empty)) if len(empty) == len(job.inputs) else (
+            f"0 records read from {names} (empty file(s), dataset(s) or JSON array(s))")
         raise NothingToPackError(
-            f"no record to pack: 0 records read from {names} (empty file(s) or empty JSON array). "
+            f"no record to pack: {what}. "
             "Fix: check that the path points to the data file you meant (JSON array of records, JSONL "
             "with one record per line, or Parquet) and that it is not empty"
         )
@@ -302,7 +304,7 @@ def check_prepared(
         f"(by status and reason: {by_reason}; each record with its reason in {listed}). Fix: "
         + "; ".join(nothing_left_fixes(job, report))
         + (f"; empty input(s): {', '.join(empty)}" if empty else "")
-        + (f"; the dataset already at {job.output} was left as it was" if (job.output / METADATA_FILE).exists() else "")
+        + (f"; the dataset already at {job.output} was left as it was" if is_packed_dataset(job.output) else "")
     )
 
 
