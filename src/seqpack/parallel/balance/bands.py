@@ -31,6 +31,7 @@ import numpy as np
 from seqpack.parallel.balance import _band_kernels as BK
 from seqpack.parallel.balance import _exchange_kernels as EK
 from seqpack.parallel.balance import _kernels as K
+from seqpack.parallel.balance.chains import chain_steps
 from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
 from seqpack.parallel.balance.schedule import (
@@ -343,4 +344,6 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
     active = (spread > tt) | (ratio > 1.0 + ct)
     if not active.any():
         return new_bins, grids
-    return level(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed, active)
+    new_bins, grids = level(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed,
+                            active)
+    return chain_steps(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct), grids
