@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.parallel.balance.cost import pack_sums, step_figures
+from seqpack.parallel.balance.cost import step_figures
 from seqpack.parallel.balance.schedule import FILLER, is_full
 
 _DEPTH = 3  # links of one chain (packs of other steps it passes through)
@@ -47,11 +47,12 @@ class _State:
     def __init__(self, bins, grids, units, cap, dp, mb, tt, ct):
         self.units, self.cap, self.dp, self.bins = units, cap, dp, bins
         npk = len(bins)
-        u = units.astype(np.float64)
-        self.load = pack_sums(bins, u).astype(np.int64)
-        self.cost = pack_sums(bins, u ** 2)
         self.pack_of = np.empty(units.shape[0], dtype=np.int64)
-        self.pack_of[np.concatenate(bins)] = np.repeat(np.arange(npk), [len(b) for b in bins])
+        sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=npk)
+        self.pack_of[np.concatenate(bins)] = np.repeat(np.arange(npk), sizes)
+        u = units.astype(np.float64)
+        self.load = np.bincount(self.pack_of, weights=u, minlength=npk).astype(np.int64)
+        self.cost = np.bincount(self.pack_of, weights=u ** 2, minlength=npk)
         self.steps = [k for k, g in enumerate(grids) if is_full(g, mb)]
         self.step_of = np.full(npk, -1, dtype=np.int64)  # full steps only; -1 = remainder step (never touched)
         self.rank_of = np.zeros(npk, dtype=np.int64)
@@ -72,6 +73,12 @@ class _State:
         worst = float(self.fig_all[1].max()) if full else 1.0
         self.ccap = min(worst, 1.0 + _XCOST * ct)
         self.width, self.climit = {}, {}
+        # Python lists for the search (numpy scalar access is slow); the arrays stay for the numpy passes
+        self.arrays = (self.step_of, self.rank_of, self.load)
+        self.step_of, self.rank_of = self.step_of.tolist(), self.rank_of.tolist()
+        self.load, self.cost = self.load.tolist(), self.cost.tolist()
+        self.pack_of, self.units = self.pack_of.tolist(), units.tolist()
+        self.failed = {}  # pack -> load changes no chain reaches from the committed plan
 
     def mem(self, p):
         """Members of pack ``p`` (a Python list, built on first use)."""
@@ -95,6 +102,7 @@ class _State:
             self.width.pop(k, None)
             self.climit.pop(k, None)
         self.log.clear()
+        self.failed.clear()
 
     def figures(self, k):
         t, c = self.tl[k], self.cl[k]
@@ -102,7 +110,7 @@ class _State:
         return (max(t) - min(t)) / tm, max(c) / cm
 
     def _shift(self, p, dt, dc):
-        k = int(self.step_of[p])
+        k = self.step_of[p]
         self.limits(k)  # taken before the first change
         self.load[p] += dt
         self.cost[p] += dc
@@ -111,8 +119,8 @@ class _State:
 
     def move(self, s, q):
         """Sample ``s`` from its pack into pack ``q`` (logged)."""
-        p = int(self.pack_of[s])
-        u = int(self.units[s])
+        p = self.pack_of[s]
+        u = self.units[s]
         self.mem(p).remove(s)
         self.mem(q).append(s)
         self.pack_of[s] = q
@@ -128,8 +136,7 @@ class _State:
 
     def touched(self, mark):
         """Full steps holding a pack changed since log position ``mark``."""
-        return {int(self.step_of[p]) for _, p in self.log[mark:]} | {int(self.step_of[self.pack_of[s]])
-                                                                      for s, _ in self.log[mark:]}
+        return {self.step_of[p] for _, p in self.log[mark:]} | {self.step_of[self.pack_of[s]] for s, _ in self.log[mark:]}
 
     def costs_ok(self, mark):
         """Every step changed since ``mark`` within its cost max/mean limit (``self.climit``)."""
@@ -137,7 +144,7 @@ class _State:
 
     def pack_range(self, p):
         """Loads pack ``p`` may take keeping its step's rank loads within ``self.width`` (others fixed)."""
-        k, r = int(self.step_of[p]), int(self.rank_of[p])
+        k, r = self.step_of[p], self.rank_of[p]
         t = self.tl[k]
         others = t[:r] + t[r + 1:]
         w = self.limits(k)[0]
@@ -146,17 +153,17 @@ class _State:
         return max(lo - rest, 1), min(hi - rest, self.cap)
 
 
-def _links(st, p, need_lo, need_hi, used, by_len):
+def _links(st, p, need_lo, need_hi, used, by_len, skip=()):
     """Candidate first links for pack ``p`` (load change wanted in ``[need_lo, need_hi]``): ``(s, j)`` =
     swap sample ``s`` of ``p`` with sample ``j``; ``(s, ~q)`` = sample ``s`` out to pack ``q``; ``(None, j)``
-    = sample ``j`` in. Smallest changes first; partners in full steps outside ``used``."""
+    = sample ``j`` in. Smallest changes first (none in ``skip``); partners in full steps outside ``used``."""
     units = st.units
     lp = st.load[p]
     for s in list(st.mem(p)) + [None]:
-        a = 0 if s is None else int(units[s])
+        a = 0 if s is None else units[s]
         for d in sorted(range(need_lo, need_hi + 1), key=abs):
             b = a + d  # the length that replaces a (0: s only goes out)
-            if d == 0 or b < 0 or (b == 0 and (s is None or len(st.mem(p)) < 2)) or lp + d > st.cap:
+            if d == 0 or d in skip or b < 0 or (b == 0 and (s is None or len(st.mem(p)) < 2)) or lp + d > st.cap:
                 continue
             if b == 0:
                 for q in _rooms(st, a, used, p):
@@ -167,7 +174,7 @@ def _links(st, p, need_lo, need_hi, used, by_len):
                 continue
             srt, vstart = by_len
             for j in srt[vstart[b]:vstart[b + 1]].tolist():
-                q = int(st.pack_of[j])
+                q = st.pack_of[j]
                 if q != p and st.step_of[q] >= 0 and st.step_of[q] not in used and (s is not None or
                                                                                     len(st.mem(q)) >= 2):
                     yield s, j
@@ -176,17 +183,17 @@ def _links(st, p, need_lo, need_hi, used, by_len):
                         break
 
 
-def _chain(st, p, need_lo, need_hi, depth, used, by_len, budget, mark0):
+def _chain(st, p, need_lo, need_hi, depth, used, by_len, budget, mark0, skip=()):
     """Bring pack ``p``'s load change into ``[need_lo, need_hi]`` by one link (and, when its partner leaves
     its range, up to ``depth - 1`` further links; every one-link answer is tried before a longer one).
     Applies the moves (logged) and returns True, or returns False with the state unchanged."""
     units = st.units
     for deeper in ((False, True) if depth > 1 else (False,)):
-        for s, j in _links(st, p, need_lo, need_hi, used, by_len):
+        for s, j in _links(st, p, need_lo, need_hi, used, by_len, skip):
             budget[0] -= 1
             if budget[0] < 0:
                 return False
-            a = 0 if s is None else int(units[s])
+            a = 0 if s is None else units[s]
             q = ~j if j < 0 else int(st.pack_of[j])
             new_q = int(st.load[q]) + (a if j < 0 else a - int(units[j]))
             lo, hi = st.pack_range(q)  # q's range does not depend on q's own load
@@ -201,7 +208,7 @@ def _chain(st, p, need_lo, need_hi, depth, used, by_len, budget, mark0):
                     st.move(s, q)
             if not deeper and st.costs_ok(mark0):
                 return True
-            if deeper and _chain(st, q, lo - new_q, hi - new_q, depth - 1, used | {int(st.step_of[q])}, by_len,
+            if deeper and _chain(st, q, lo - new_q, hi - new_q, depth - 1, used | {st.step_of[q]}, by_len,
                                  budget, mark0):
                 return True
             st.undo_to(mark)
@@ -231,8 +238,9 @@ def _roomy(st, tol, least):
     w = np.maximum(tl.max(1) - tl.min(1), np.floor(tol * tl.mean(1) * (1.0 - tol)))
     srt = np.sort(tl, axis=1)
     omin = np.where(tl == srt[:, :1], srt[:, 1:2], srt[:, :1])  # the smallest of the other ranks
-    ok = (omin + w[:, None] - tl >= least)[np.searchsorted(st.steps, st.step_of.clip(0)), st.rank_of]
-    ok &= (st.step_of >= 0) & (st.load + least <= st.cap)
+    step_of, rank_of, load = st.arrays
+    ok = (omin + w[:, None] - tl >= least)[np.searchsorted(st.steps, step_of.clip(0)), rank_of]
+    ok &= (step_of >= 0) & (load + least <= st.cap)
     return np.flatnonzero(ok).tolist()
 
 
@@ -245,24 +253,15 @@ def _fit_window(st, grid, s, a, w, by_len):
         x = st.tl[s][r]
         if a <= x <= a + w:
             continue
-        packs = [p for p in grid[r] if p != FILLER]
-        b0 = budget[0]
-        okr = any(_chain(st, p, a - x, a + w - x, depth, {s}, by_len, budget, 0)
-                  for depth in range(1, _DEPTH + 1) for p in packs)
-        import os
-        if os.environ.get("CHAIN_DEBUG"):
-            print("     rank", r, x, okr, b0 - budget[0])
-        if not okr:
-            _dbg(s, a, budget, False)
+        packs = [int(p) for p in grid[r] if p != FILLER]
+        fresh = not st.log  # the committed plan: a change proven out of reach stays so for this step
+        if not any(_chain(st, p, a - x, a + w - x, depth, {s}, by_len, budget, 0, st.failed.get(p, ()) if fresh
+                          else ()) for depth in range(1, _DEPTH + 1) for p in packs):
+            if fresh and budget[0] >= 0:  # searched to the end: no chain makes any of these changes
+                for p in packs:
+                    st.failed.setdefault(p, set()).update(range(a - x, a + w - x + 1))
             return False
-    _dbg(s, a, budget, True)
     return True
-
-
-def _dbg(s, a, budget, ok):
-    import os
-    if os.environ.get("CHAIN_DEBUG"):
-        print("  step", s, "window", a, "used", _BUDGET - budget[0], ok)
 
 
 def chain_steps(bins, grids, padded, capacity, pad, dp, mb, tt, ct):
