@@ -22,7 +22,8 @@ from seqpack.parallel.balance.schedule import FILLER, is_full
 
 _DEPTH = 3  # links of one chain (packs of other steps it passes through)
 _K = 8  # samples tried per (pack, length) at each link
-_BUDGET = 20000  # candidate links examined per off-target step
+_BUDGET = 12000  # candidate links examined per window
+_TOTAL = 40000  # candidate links examined per call, all steps and windows together
 _WINDOWS = 6  # windows tried per off-target step
 _XCOST = 0.25  # cost max/mean cap: max(own, min(plan's worst, 1 + _XCOST * ct))
 
@@ -78,6 +79,8 @@ class _State:
         self.step_of, self.rank_of = self.step_of.tolist(), self.rank_of.tolist()
         self.load, self.cost = self.load.tolist(), self.cost.tolist()
         self.pack_of, self.units = self.pack_of.tolist(), units.tolist()
+        self.target = -1  # the step being evened
+        self.total = [_TOTAL]  # candidate links left for the call
         self.failed = {}  # pack -> load changes no chain reaches from the committed plan
 
     def mem(self, p):
@@ -88,13 +91,15 @@ class _State:
         return m
 
     def limits(self, k):
-        """``(width, cost limit)`` of step ``k``: its rank-load range may grow to the goal's
-        (``floor(tt * mean)``), its cost max/mean to ``max(own, ccap)``; fixed at the first look."""
+        """``(width, spread limit, cost limit)`` of step ``k``, fixed at the first look: its rank-load range
+        may grow to the goal's (``floor(tt * mean)``), its token spread to ``max(own, tt)``, its cost
+        max/mean to ``max(own, ccap)``."""
         if k not in self.width:
             t = self.tl[k]
             self.width[k] = max(max(t) - min(t), int(np.floor(self.tt * sum(t) / len(t) * (1.0 - self.tt))))
-            self.climit[k] = max(self.figures(k)[1], self.ccap)
-        return self.width[k], self.climit[k]
+            sp, cr = self.figures(k)
+            self.climit[k] = (max(sp, self.tt), max(cr, self.ccap))
+        return self.width[k], self.climit[k][0], self.climit[k][1]
 
     def commit(self):
         """Keep the logged moves: the changed steps' limits are taken afresh from their new figures."""
@@ -138,9 +143,15 @@ class _State:
         """Full steps holding a pack changed since log position ``mark``."""
         return {self.step_of[p] for _, p in self.log[mark:]} | {self.step_of[self.pack_of[s]] for s, _ in self.log[mark:]}
 
-    def costs_ok(self, mark):
-        """Every step changed since ``mark`` within its cost max/mean limit (``self.climit``)."""
-        return all(self.figures(k)[1] <= self.limits(k)[1] for k in self.touched(mark))
+    def steps_ok(self, mark):
+        """Every step changed since ``mark`` but the one being evened (``self.target``; judged when its
+        window is done) within its token spread and cost max/mean limits (:meth:`limits`)."""
+        for k in self.touched(mark) - {self.target}:
+            sp, cr = self.figures(k)
+            _, sl, cl = self.limits(k)
+            if sp > sl or cr > cl:
+                return False
+        return True
 
     def pack_range(self, p):
         """Loads pack ``p`` may take keeping its step's rank loads within ``self.width`` (others fixed)."""
@@ -206,7 +217,7 @@ def _chain(st, p, need_lo, need_hi, depth, used, by_len, budget, mark0, skip=())
                 st.move(j, p)
                 if s is not None:
                     st.move(s, q)
-            if not deeper and st.costs_ok(mark0):
+            if not deeper and st.steps_ok(mark0):
                 return True
             if deeper and _chain(st, q, lo - new_q, hi - new_q, depth - 1, used | {st.step_of[q]}, by_len,
                                  budget, mark0):
@@ -248,7 +259,8 @@ def _fit_window(st, grid, s, a, w, by_len):
     """Bring every rank of step ``s`` (``grid``: its ``[dp, m]`` pack ids) into ``[a, a + w]`` by chains
     (iterative deepening to :data:`_DEPTH` links, :data:`_BUDGET` candidate links per window). True when
     all ranks are in (the moves stay applied and logged), else False (the caller undoes the log)."""
-    budget = [_BUDGET]
+    b0 = max(min(_BUDGET, st.total[0]), 0)
+    budget = [b0]
     for r in sorted(range(st.dp), key=lambda r: -max(a - st.tl[s][r], st.tl[s][r] - a - w)):
         x = st.tl[s][r]
         if a <= x <= a + w:
@@ -260,7 +272,9 @@ def _fit_window(st, grid, s, a, w, by_len):
             if fresh and budget[0] >= 0:  # searched to the end: no chain makes any of these changes
                 for p in packs:
                     st.failed.setdefault(p, set()).update(range(a - x, a + w - x + 1))
+            st.total[0] -= b0 - max(budget[0], 0)
             return False
+    st.total[0] -= b0 - max(budget[0], 0)
     return True
 
 
@@ -292,7 +306,9 @@ def chain_steps(bins, grids, padded, capacity, pad, dp, mb, tt, ct):
             sum(rg and not a <= x <= a + w for x, rg in zip(t, rigid)), sum(not a <= x <= a + w for x in t),
             sum(max(a - x, 0, x - a - w) for x in t)))
         for a in wins[:_WINDOWS]:
-            if _fit_window(st, grids[s], s, a, w, by_len) and st.figures(s)[0] <= tt:
+            st.target = s
+            if (_fit_window(st, grids[s], s, a, w, by_len) and st.figures(s)[0] <= tt
+                    and st.figures(s)[1] <= st.limits(s)[2]):
                 st.commit()
                 changed = True
                 break
