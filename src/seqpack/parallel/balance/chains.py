@@ -74,14 +74,16 @@ class _State:
         worst = float(self.fig_all[1].max()) if full else 1.0
         self.ccap = min(worst, 1.0 + _XCOST * ct)
         self.width, self.climit = {}, {}
-        # Python lists for the search (numpy scalar access is slow); the arrays stay for the numpy passes
-        self.arrays = (self.step_of, self.rank_of, self.load)
-        self.step_of, self.rank_of = self.step_of.tolist(), self.rank_of.tolist()
-        self.load, self.cost = self.load.tolist(), self.cost.tolist()
-        self.pack_of, self.units = self.pack_of.tolist(), units.tolist()
         self.target = -1  # the step being evened
         self.total = [_TOTAL]  # candidate links left for the call
         self.failed = {}  # pack -> load changes no chain reaches from the committed plan
+
+    def to_lists(self):
+        """Python lists for the search (numpy scalar access is slow); the arrays stay for the numpy passes."""
+        self.arrays = (self.step_of, self.rank_of, self.load)
+        self.step_of, self.rank_of = self.step_of.tolist(), self.rank_of.tolist()
+        self.load, self.cost = self.load.tolist(), self.cost.tolist()
+        self.pack_of, self.units = self.pack_of.tolist(), self.units.tolist()
 
     def mem(self, p):
         """Members of pack ``p`` (a Python list, built on first use)."""
@@ -289,6 +291,7 @@ def chain_steps(bins, grids, padded, capacity, pad, dp, mb, tt, ct):
     if len(st.steps) < 2 or not np.any(spread > tt):
         return bins
     off = [st.steps[i] for i in np.argsort(-spread, kind="stable") if spread[i] > tt]
+    st.to_lists()
     srt = np.argsort(units, kind="stable").astype(np.int64)
     by_len = (srt, np.searchsorted(units[srt], np.arange(int(units.max()) + 2)).astype(np.int64))
     st.roomy = _roomy(st, tt, int(units.min()))
