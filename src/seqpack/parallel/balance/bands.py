@@ -22,6 +22,9 @@ packing (numba kernels in :mod:`seqpack.parallel.balance._band_kernels`).
    ``max(own, min(plan's worst, 1 + cost_tolerance / 4))``); the steps still off get new windows and swaps (up to ``_ROUNDS`` rounds).
 5. **Relocation** (:func:`_relocate`). A step still off trades each pack outside its window with a pack
    of near cost of an on-target step when both then reach their new window by swaps (undone otherwise).
+6. **Chains** (:func:`~seqpack.parallel.balance.chains.chain_steps`, after the sample-level leveling of
+   :func:`band_then_level`): a step still above the token goal brings each rank outside a window by a
+   chain of up to three sample swaps or moves through packs of other steps (undone unless it fits).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from seqpack.parallel.balance import _band_kernels as BK
 from seqpack.parallel.balance import _exchange_kernels as EK
 from seqpack.parallel.balance import _kernels as K
+from seqpack.parallel.balance.chains import chain_steps
 from seqpack.parallel.balance.cost import pack_sums, score_parts, step_figures
 from seqpack.parallel.balance.leveling import level
 from seqpack.parallel.balance.schedule import (
@@ -332,7 +336,9 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
                     formation):
     """:func:`band_schedule`, then the steps still off target (token spread above ``tt`` or cost max/mean
     above ``1 + ct``) leveled sample by sample (:func:`~seqpack.parallel.balance.leveling.level`; the
-    others stay as they are, partners of its cross-step swaps). Returns ``(bins, grids)`` or None."""
+    others stay as they are, partners of its cross-step swaps), then the ejection chains
+    (:func:`~seqpack.parallel.balance.chains.chain_steps`) for those still above ``tt``. Returns
+    ``(bins, grids)`` or None."""
     got = band_schedule(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt, ct, formation)
     if got is None:
         return None
@@ -343,4 +349,6 @@ def band_then_level(bins, padded, capacity, pad, dp, mb, seed, shuffle_steps, tt
     active = (spread > tt) | (ratio > 1.0 + ct)
     if not active.any():
         return new_bins, grids
-    return level(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed, active)
+    new_bins, grids = level(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct, stop, max_iter, cross_iters, seed,
+                            active)
+    return chain_steps(new_bins, grids, padded, capacity, pad, dp, mb, tt, ct), grids

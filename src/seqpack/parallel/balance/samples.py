@@ -111,7 +111,11 @@ def balance_samples(
        and swaps; then each pack outside a still-off step's window trades places with a near-cost pack
        of an on-target step when both reach their new window by swaps (undone otherwise). Steps still
        off target (token spread above ``token_tolerance`` or cost max/mean
-       above ``1 + cost_tolerance``) are then leveled sample by sample (step 3, 4 on those steps only).
+       above ``1 + cost_tolerance``) are then leveled sample by sample (step 3, 4 on those steps only);
+       a step still above the token goal last gets ejection chains
+       (:mod:`~seqpack.parallel.balance.chains`: each rank outside a window is brought in by up to three
+       sample swaps or moves, changing sample counts, through packs of other steps that stay within
+       their limits).
     3. **Level samples inside a step** (local search, best improvement): move one sample to
        another rank's pack, swap two samples between ranks, or exchange one sample for two between
        the most and least loaded ranks -- never filling a pack above ``capacity``. The step key is
